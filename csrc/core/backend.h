@@ -1,0 +1,34 @@
+#ifndef GLMRT_BACKEND_H
+#define GLMRT_BACKEND_H
+
+#include "request.h"
+#include "weights.h"
+
+typedef struct glmrt_step_batch {
+    int32_t num_tokens;
+    const glmrt_token *token_ids;
+    const glmrt_pos *positions;
+    const int32_t *token_seq;
+    int32_t num_seqs;
+    glmrt_request *const *seq_requests;
+    const int32_t *seq_token_start;
+    const int32_t *seq_num_tokens;
+    const int32_t *seq_context_len;
+    const glmrt_page_id *const *seq_page_tables;
+    int32_t num_samples;
+    const int32_t *sample_seq;
+    const int32_t *sample_token_index;
+} glmrt_step_batch;
+
+typedef struct glmrt_backend_ops {
+    const char *name;
+    glmrt_status (*create)(glmrt_engine *engine, void **out_state);
+    void (*destroy)(void *state);
+    glmrt_status (*forward)(void *state, const glmrt_step_batch *batch, float *out_logits,
+                            glmrt_token *out_sampled);
+} glmrt_backend_ops;
+
+extern const glmrt_backend_ops glmrt_cpu_backend_ops;
+const glmrt_backend_ops *glmrt_backend_find(int32_t backend_kind);
+
+#endif

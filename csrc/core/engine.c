@@ -1,0 +1,282 @@
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_scratch.h"
+
+static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error *error)
+{
+    if (o->max_batch < 1) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "max_batch must be >= 1, got %d", o->max_batch);
+    }
+    if (o->max_tokens_per_step < o->max_batch) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "max_tokens_per_step %d must be >= max_batch %d so every decoding request gets a token",
+                               o->max_tokens_per_step, o->max_batch);
+    }
+    if (o->kv_page_size < 1) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "kv_page_size must be >= 1, got %d", o->kv_page_size);
+    }
+    if (o->kv_num_pages < 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "kv_num_pages must be >= 0, got %d", o->kv_num_pages);
+    }
+    if (o->kv_num_pages == 0 && o->backend == GLMRT_BACKEND_CPU) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "the CPU backend needs kv_num_pages >= 1");
+    }
+    if (o->num_threads < 0 || o->max_context < 0 || o->device_id < 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "num_threads, max_context and device_id must be >= 0");
+    }
+    if (!(o->kv_memory_fraction > 0.0f && o->kv_memory_fraction <= 1.0f)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "kv_memory_fraction must be in (0, 1], got %g",
+                               (double)o->kv_memory_fraction);
+    }
+    if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");
+    }
+    return GLMRT_OK;
+}
+
+static int32_t effective_max_context(const glmrt_model_config *config, const glmrt_engine_options *options)
+{
+    int32_t limit = config->max_position_embeddings;
+    if (options->max_context > 0 && options->max_context < limit) {
+        limit = options->max_context;
+    }
+    return limit;
+}
+
+static void release_live_requests(glmrt_engine *engine)
+{
+    glmrt_request *request = engine->live_head;
+    while (request != NULL) {
+        glmrt_request *next = request->next;
+        free(request->tokens);
+        free(request->page_table);
+        free(request->stop_token_ids);
+        free(request);
+        request = next;
+    }
+    engine->live_head = NULL;
+    engine->num_live = 0;
+}
+
+void glmrt_engine_free(glmrt_engine *engine)
+{
+    if (engine == NULL) {
+        return;
+    }
+    release_live_requests(engine);
+    if (engine->backend_ops != NULL && engine->backend_state != NULL) {
+        engine->backend_ops->destroy(engine->backend_state);
+    }
+    engine->backend_state = NULL;
+    glmrt_step_scratch_free(&engine->scratch);
+    glmrt_kv_pages_free(&engine->kv_pages);
+    glmrt_weights_free(&engine->weights);
+    if (engine->has_checkpoint) {
+        glmrt_checkpoint_close(&engine->checkpoint);
+        engine->has_checkpoint = 0;
+    }
+    free(engine);
+}
+
+static glmrt_status load_weights(glmrt_engine *engine, const char *model_dir)
+{
+    if (engine->options.random_weights) {
+        return GLMRT_OK;
+    }
+    if (model_dir == NULL || model_dir[0] == '\0') {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "model directory is empty");
+    }
+    glmrt_status status = glmrt_checkpoint_open(model_dir, &engine->checkpoint, &engine->error);
+    if (status != GLMRT_OK) {
+        return status;
+    }
+    engine->has_checkpoint = 1;
+    return glmrt_weights_bind(&engine->checkpoint, &engine->config, &engine->weights, &engine->error);
+}
+
+static glmrt_status init_kv_pages(glmrt_engine *engine)
+{
+    if (engine->options.kv_num_pages < 1) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_BACKEND, "backend %s did not size the KV page pool",
+                               engine->backend_ops->name);
+    }
+    return glmrt_kv_pages_init(&engine->kv_pages, engine->options.kv_num_pages, engine->options.kv_page_size,
+                               &engine->error);
+}
+
+static glmrt_status build_engine(glmrt_engine *engine, const char *model_dir)
+{
+    glmrt_status status = validate_options(&engine->options, &engine->error);
+    if (status == GLMRT_OK) status = glmrt_model_config_validate(&engine->config, &engine->error);
+    if (status != GLMRT_OK) {
+        return status;
+    }
+    engine->backend_ops = glmrt_backend_find(engine->options.backend);
+    if (engine->backend_ops == NULL) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_UNSUPPORTED,
+                               "backend %d is not available in this build of the library", engine->options.backend);
+    }
+    if (engine->options.num_threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        engine->options.num_threads = online > 0 ? (int32_t)online : 1;
+    }
+    engine->max_context = effective_max_context(&engine->config, &engine->options);
+    status = load_weights(engine, model_dir);
+    if (status == GLMRT_OK && engine->options.kv_num_pages > 0) status = init_kv_pages(engine);
+    if (status == GLMRT_OK) {
+        status = glmrt_step_scratch_init(&engine->scratch, engine->options.max_batch,
+                                         engine->options.max_tokens_per_step, engine->config.vocab_size,
+                                         &engine->error);
+    }
+    if (status == GLMRT_OK) status = engine->backend_ops->create(engine, &engine->backend_state);
+    if (status == GLMRT_OK && engine->kv_pages.num_pages == 0) status = init_kv_pages(engine);
+    if (status != GLMRT_OK) {
+        return status;
+    }
+    engine->info.backend = engine->options.backend;
+    engine->info.num_threads = engine->options.num_threads;
+    engine->info.max_batch = engine->options.max_batch;
+    engine->info.max_tokens_per_step = engine->options.max_tokens_per_step;
+    engine->info.max_context = engine->max_context;
+    engine->info.kv_page_size = engine->kv_pages.page_size;
+    engine->info.kv_num_pages = engine->kv_pages.num_pages;
+    if (engine->info.num_devices == 0) {
+        engine->info.num_devices = 1;
+    }
+    engine->info.workspace_bytes += glmrt_step_scratch_bytes(engine->options.max_batch,
+                                                             engine->options.max_tokens_per_step,
+                                                             engine->config.vocab_size);
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_engine_create(const char *model_dir, const glmrt_model_config *config,
+                                 const glmrt_engine_options *options, glmrt_engine **out_engine,
+                                 char *error_message, int32_t error_capacity)
+{
+    glmrt_error local;
+    glmrt_error_clear(&local);
+    if (out_engine == NULL || config == NULL || options == NULL) {
+        glmrt_error_set(&local, GLMRT_ERR_INVALID_ARGUMENT, "engine_create needs config, options and an output pointer");
+        glmrt_error_copy_out(&local, error_message, error_capacity);
+        return local.code;
+    }
+    *out_engine = NULL;
+    glmrt_engine *engine = calloc(1, sizeof(*engine));
+    if (engine == NULL) {
+        glmrt_error_set(&local, GLMRT_ERR_OUT_OF_MEMORY, "cannot allocate the engine");
+        glmrt_error_copy_out(&local, error_message, error_capacity);
+        return local.code;
+    }
+    engine->config = *config;
+    engine->options = *options;
+    engine->next_request_id = 1;
+    engine->next_batch_stamp = 1;
+    glmrt_status status = build_engine(engine, model_dir);
+    if (status != GLMRT_OK) {
+        glmrt_error_copy_out(&engine->error, error_message, error_capacity);
+        glmrt_engine_free(engine);
+        return status;
+    }
+    glmrt_error_clear(&engine->error);
+    glmrt_error_copy_out(&engine->error, error_message, error_capacity);
+    *out_engine = engine;
+    return GLMRT_OK;
+}
+
+const char *glmrt_engine_last_error(const glmrt_engine *engine)
+{
+    if (engine == NULL) {
+        return "engine is NULL";
+    }
+    return engine->error.message;
+}
+
+glmrt_status glmrt_engine_get_stats(glmrt_engine *engine, glmrt_engine_stats *out_stats)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    if (out_stats == NULL) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "stats output is NULL");
+    }
+    out_stats->kv_pages_total = engine->kv_pages.num_pages;
+    out_stats->kv_pages_free = engine->kv_pages.num_free;
+    out_stats->kv_page_size = engine->kv_pages.page_size;
+    out_stats->live_requests = engine->num_live;
+    out_stats->tokens_processed = engine->tokens_processed;
+    out_stats->steps = engine->steps;
+    out_stats->tokens_generated = engine->tokens_generated;
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_engine_get_info(glmrt_engine *engine, glmrt_engine_info *out_info)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    if (out_info == NULL) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "info output is NULL");
+    }
+    *out_info = engine->info;
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_engine_check_invariants(glmrt_engine *engine)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    int64_t used = 0;
+    int32_t counted = 0;
+    for (const glmrt_request *request = engine->live_head; request != NULL; request = request->next) {
+        for (int32_t i = 0; i < request->num_pages; ++i) {
+            glmrt_page_id page = request->page_table[i];
+            if (page < 0 || page >= engine->kv_pages.num_pages || engine->kv_pages.page_owner[page] != request->id) {
+                return glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
+                                       "request %lld holds page %d that the pool does not record as its own",
+                                       (long long)request->id, page);
+            }
+        }
+        int32_t pages_for_computed = glmrt_kv_pages_for_tokens(&engine->kv_pages, request->num_computed_tokens);
+        if (request->num_pages != pages_for_computed) {
+            return glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
+                                   "request %lld holds %d pages for %d computed tokens, expected %d",
+                                   (long long)request->id, request->num_pages, request->num_computed_tokens,
+                                   pages_for_computed);
+        }
+        used += request->num_pages;
+        counted += 1;
+    }
+    if (counted != engine->num_live) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT, "live list has %d requests, counter says %d",
+                               counted, engine->num_live);
+    }
+    return glmrt_kv_pages_check(&engine->kv_pages, used, &engine->error);
+}
+
+glmrt_status glmrt_checkpoint_validate(const char *model_dir, const glmrt_model_config *config,
+                                       char *error_message, int32_t error_capacity)
+{
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_checkpoint checkpoint;
+    glmrt_weights weights;
+    memset(&checkpoint, 0, sizeof(checkpoint));
+    memset(&weights, 0, sizeof(weights));
+    glmrt_status status = glmrt_model_config_validate(config, &error);
+    if (status == GLMRT_OK && (model_dir == NULL || model_dir[0] == '\0')) {
+        status = glmrt_error_set(&error, GLMRT_ERR_INVALID_ARGUMENT, "model directory is empty");
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_checkpoint_open(model_dir, &checkpoint, &error);
+        if (status == GLMRT_OK) {
+            status = glmrt_weights_bind(&checkpoint, config, &weights, &error);
+            glmrt_weights_free(&weights);
+            glmrt_checkpoint_close(&checkpoint);
+        }
+    }
+    glmrt_error_copy_out(&error, error_message, error_capacity);
+    return status;
+}

@@ -1,0 +1,48 @@
+#ifndef GLMRT_ENGINE_H
+#define GLMRT_ENGINE_H
+
+#include "backend.h"
+#include "kv_pages.h"
+
+typedef struct glmrt_step_scratch {
+    glmrt_token *token_ids;
+    glmrt_pos *positions;
+    int32_t *token_seq;
+    glmrt_request **seq_requests;
+    int32_t *seq_batch_index;
+    int32_t *seq_token_start;
+    int32_t *seq_num_tokens;
+    int32_t *seq_context_len;
+    const glmrt_page_id **seq_page_tables;
+    int32_t *seq_new_pages;
+    int32_t *sample_seq;
+    int32_t *sample_token_index;
+    glmrt_token *sampled;
+    float *logits;
+} glmrt_step_scratch;
+
+struct glmrt_engine {
+    glmrt_model_config config;
+    glmrt_engine_options options;
+    glmrt_error error;
+    int32_t has_checkpoint;
+    glmrt_checkpoint checkpoint;
+    glmrt_weights weights;
+    glmrt_kv_pages kv_pages;
+    int32_t max_context;
+    glmrt_request *live_head;
+    int32_t num_live;
+    int64_t next_request_id;
+    int64_t next_batch_stamp;
+    int64_t tokens_processed;
+    int64_t tokens_generated;
+    int64_t steps;
+    glmrt_step_scratch scratch;
+    const glmrt_backend_ops *backend_ops;
+    void *backend_state;
+    glmrt_engine_info info;
+};
+
+glmrt_status glmrt_model_config_validate(const glmrt_model_config *config, glmrt_error *error);
+
+#endif

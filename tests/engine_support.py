@@ -1,0 +1,53 @@
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+from glmrt.engine import Engine, SamplingParams
+
+MODEL_ROOT = Path(os.environ.get("GLMRT_TEST_MODEL_ROOT", tempfile.gettempdir())) / f"glmrt-test-models-{os.getpid()}"
+
+
+@functools.lru_cache(maxsize=None)
+def build_test_model(weight_format="bf16", seed=0, **overrides):
+    from glmrt.testmodel import write_test_model
+
+    suffix = "-".join(f"{key}{value}" for key, value in sorted(overrides.items()))
+    out_dir = MODEL_ROOT / f"{weight_format}-s{seed}-{suffix}"
+    return Path(write_test_model(out_dir, seed=seed, weight_format=weight_format, **overrides))
+
+
+def open_engine(model_dir, **options):
+    settings = dict(num_threads=2, max_batch=16, max_tokens_per_step=128, kv_page_size=16, kv_num_pages=256)
+    settings.update(options)
+    return Engine(model_dir, **settings)
+
+
+def run_to_completion(engine, requests, step_limit=10_000):
+    outputs = {id(request): [] for request in requests}
+    active = list(requests)
+    steps = 0
+    while active:
+        steps += 1
+        if steps > step_limit:
+            raise AssertionError("requests did not finish within the step limit")
+        tokens, done = engine.step(active)
+        still_active = []
+        for request, token, reason in zip(active, tokens, done):
+            if token >= 0:
+                outputs[id(request)].append(token)
+            if reason == 0:
+                still_active.append(request)
+        active = still_active
+    return [outputs[id(request)] for request in requests]
+
+
+def prompt_of_length(length, vocab_size, seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(0, min(vocab_size, 1000), size=length)]
+
+
+def greedy(max_new_tokens=16, **kwargs):
+    return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, **kwargs)

@@ -1,0 +1,140 @@
+import ctypes
+
+import pytest
+
+from engine_support import build_test_model, greedy, open_engine, prompt_of_length, run_to_completion
+from glmrt import bindings as native
+from glmrt.errors import GlmrtError
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return build_test_model("bf16")
+
+
+def test_empty_batch_does_nothing(model_dir):
+    with open_engine(model_dir) as engine:
+        before = engine.stats()
+        assert engine.step([]) == ([], [])
+        after = engine.stats()
+        assert after.tokens_processed == before.tokens_processed
+        assert after.kv_pages_free == before.kv_pages_free
+
+
+def test_batch_of_one_generates_until_max_new_tokens(model_dir):
+    with open_engine(model_dir) as engine:
+        request = engine.create_request(prompt_of_length(9, engine.vocab_size, 1), greedy(max_new_tokens=5))
+        tokens = run_to_completion(engine, [request])[0]
+        info = request.info()
+        assert len(tokens) == 5
+        assert info.num_generated_tokens == 5
+        assert info.finish_reason_name == "length"
+        assert request.tokens()[9:] == tokens
+        engine.free_request(request)
+
+
+def test_max_batch_runs_and_one_more_is_rejected_by_the_library(model_dir):
+    with open_engine(model_dir, max_batch=4, max_tokens_per_step=64) as engine:
+        requests = [engine.create_request(prompt_of_length(4 + i, engine.vocab_size, i), greedy(max_new_tokens=3))
+                    for i in range(5)]
+        outputs = run_to_completion(engine, requests[:4])
+        assert all(len(tokens) == 3 for tokens in outputs)
+        states = (native.request_p * 5)(*[request.handle for request in requests])
+        tokens = (ctypes.c_int64 * 5)()
+        done = (ctypes.c_uint8 * 5)()
+        status = engine._lib.glmrt_run_batch_decode(engine._handle, states, 5, tokens, done)
+        assert status == 1
+        assert "batch" in engine._last_error()
+        with pytest.raises(GlmrtError):
+            engine.step(requests)
+        for request in requests:
+            engine.free_request(request)
+        engine.check_invariants()
+
+
+def test_request_that_exactly_fills_the_pool_runs_and_returns_every_page(model_dir):
+    with open_engine(model_dir, kv_num_pages=4, kv_page_size=16, max_tokens_per_step=64) as engine:
+        prompt = prompt_of_length(64, engine.vocab_size, 2)
+        request = engine.create_request(prompt, greedy(max_new_tokens=8))
+        tokens = run_to_completion(engine, [request])[0]
+        assert len(tokens) == 1
+        assert request.info().finish_reason_name == "length"
+        assert engine.stats().kv_pages_free == 0
+        engine.free_request(request)
+        assert engine.stats().kv_pages_free == 4
+        with pytest.raises(GlmrtError) as too_big:
+            engine.create_request(prompt + [1], greedy())
+        assert too_big.value.status_name == "OUT_OF_PAGES"
+
+
+def test_prompt_without_tokens_is_an_error(model_dir):
+    with open_engine(model_dir) as engine:
+        with pytest.raises(GlmrtError) as error:
+            engine.create_request([], greedy())
+        assert error.value.status_name == "INVALID_ARGUMENT"
+        assert "no tokens" in error.value.message
+        assert engine.stats().live_requests == 0
+
+
+def test_prompt_beyond_the_context_limit_is_an_error(model_dir):
+    with open_engine(model_dir, max_context=100) as engine:
+        with pytest.raises(GlmrtError) as error:
+            engine.create_request(prompt_of_length(150, engine.vocab_size, 3), greedy())
+        assert error.value.status_name == "CONTEXT_LENGTH"
+        assert engine.stats().live_requests == 0
+
+
+def test_token_outside_the_vocabulary_is_an_error(model_dir):
+    with open_engine(model_dir) as engine:
+        with pytest.raises(GlmrtError) as error:
+            engine.create_request([1, engine.vocab_size], greedy())
+        assert error.value.status_name == "INVALID_ARGUMENT"
+
+
+def test_out_of_pages_leaves_every_request_unchanged_and_others_continue(model_dir):
+    with open_engine(model_dir, kv_num_pages=6, kv_page_size=16, max_tokens_per_step=128) as engine:
+        first = engine.create_request(prompt_of_length(40, engine.vocab_size, 4), greedy(max_new_tokens=4))
+        second = engine.create_request(prompt_of_length(60, engine.vocab_size, 5), greedy(max_new_tokens=4))
+        engine.step([first])
+        before_first = first.info()
+        before_second = second.info()
+        free_before = engine.stats().kv_pages_free
+        with pytest.raises(GlmrtError) as error:
+            engine.step([first, second])
+        assert error.value.status_name == "OUT_OF_PAGES"
+        assert first.info() == before_first
+        assert second.info() == before_second
+        assert engine.stats().kv_pages_free == free_before
+        engine.check_invariants()
+        outputs = run_to_completion(engine, [first])
+        assert len(outputs[0]) == 3
+        engine.free_request(first)
+        assert len(run_to_completion(engine, [second])[0]) == 4
+        engine.free_request(second)
+        assert engine.stats().kv_pages_free == 6
+
+
+def test_invalid_sampling_parameters_are_rejected(model_dir):
+    from glmrt.engine import SamplingParams
+
+    with open_engine(model_dir) as engine:
+        for params in (SamplingParams(temperature=-1.0), SamplingParams(top_p=0.0), SamplingParams(top_k=-2),
+                       SamplingParams(min_p=1.5), SamplingParams(repetition_penalty=0.0),
+                       SamplingParams(max_new_tokens=0), SamplingParams(stop_token_ids=[engine.vocab_size])):
+            with pytest.raises(GlmrtError) as error:
+                engine.create_request([1, 2, 3], params)
+            assert error.value.status_name == "INVALID_ARGUMENT"
+        assert engine.stats().live_requests == 0
+
+
+def test_freeing_a_request_twice_through_the_library_is_reported(model_dir):
+    with open_engine(model_dir) as engine:
+        request = engine.create_request([1, 2, 3], greedy())
+        handle = request.handle
+        engine.free_request(request)
+        assert engine.stats().live_requests == 0
+        status = engine._lib.glmrt_request_free(engine._handle, handle)
+        assert status == 1
+        assert "not a live request" in engine._last_error()
+        engine.free_request(request)
+        engine.check_invariants()
