@@ -9,9 +9,10 @@ with_cuda="auto"
 cuda_archs="90a 100a"
 install_deps=1
 cuda_compile_only=0
+march="${GLMRT_MARCH:-native}"
 
 usage() {
-    echo "usage: build.sh [release|debug|asan] [--cuda|--no-cuda] [--cuda-arch \"90a 100a\"] [--cuda-compile-only] [--no-deps]" >&2
+    echo "usage: build.sh [release|debug|asan] [--cuda|--no-cuda] [--cuda-arch \"90a 100a\"] [--cuda-compile-only] [--march native|x86-64-v3] [--no-deps]" >&2
 }
 
 while [ $# -gt 0 ]; do
@@ -21,6 +22,7 @@ while [ $# -gt 0 ]; do
         --no-cuda) with_cuda="no" ;;
         --cuda-arch) shift; cuda_archs="$1" ;;
         --cuda-compile-only) cuda_compile_only=1 ;;
+        --march) shift; march="$1" ;;
         --no-deps) install_deps=0 ;;
         -h|--help) usage; exit 0 ;;
         *) usage; exit 2 ;;
@@ -35,7 +37,7 @@ fi
 cc="${CC:-gcc}"
 common_flags="-std=c11 -D_GNU_SOURCE -fPIC -pthread -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Icsrc/core -Icsrc/cpu"
 case "$variant" in
-    release) opt_flags="-O3 -march=native -DNDEBUG"; out_dir="build" ;;
+    release) opt_flags="-O3 -march=$march -DNDEBUG"; out_dir="build" ;;
     debug) opt_flags="-O0 -g -DGLMRT_DEBUG"; out_dir="build/debug" ;;
     asan) opt_flags="-O1 -g -DGLMRT_DEBUG -fsanitize=address,undefined -fno-omit-frame-pointer"; out_dir="build/asan" ;;
 esac
@@ -70,5 +72,5 @@ if [ "$with_cuda" = "yes" ]; then
         echo "nvcc is not on PATH: install the CUDA toolkit or pip install nvidia-cuda-nvcc" >&2
         exit 1
     fi
-    bash build_cuda.sh "$variant" "$cuda_archs" "$cuda_compile_only"
+    GLMRT_MARCH="$march" bash build_cuda.sh "$variant" "$cuda_archs" "$cuda_compile_only"
 fi

@@ -133,7 +133,7 @@ static glmrt_status cpu_allocate_threads(glmrt_cpu_backend *backend, glmrt_error
         if (status != GLMRT_OK) {
             return status;
         }
-        backend->workspace_bytes += (int64_t)d->vocab * (int64_t)(sizeof(float) + 2 * sizeof(int32_t));
+        backend->workspace_bytes += (int64_t)d->vocab * 4 * (int64_t)sizeof(float);
     }
     return GLMRT_OK;
 }

@@ -88,6 +88,11 @@ static glmrt_status forward_check(const glmrt_cpu_backend *backend, const glmrt_
                                   batch->seq_context_len == NULL || batch->seq_page_tables == NULL)) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "cpu forward: batch arrays are missing");
     }
+    if (batch->num_tokens == 0) {
+        return batch->num_samples == 0 ? GLMRT_OK
+                                       : glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                                                         "cpu forward: samples requested from an empty batch");
+    }
     if (batch->num_samples > 0 && (batch->sample_seq == NULL || batch->sample_token_index == NULL ||
                                    batch->seq_requests == NULL || out_sampled == NULL)) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "cpu forward: sample arrays are missing");

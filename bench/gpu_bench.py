@@ -1,0 +1,248 @@
+import argparse
+import gc
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from glmrt.engine import Engine, SamplingParams
+
+GLM47_CONFIG = REPO_ROOT / "tests" / "data" / "glm-4.7-fp8.config.json"
+PAGE_SIZE = 16
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="bench/gpu_bench.py",
+                                     description="CUDA backend step times at the GLM-4.7-FP8 shape with random weights.")
+    parser.add_argument("--moe-layers", type=int, default=8, help="MoE layers after the dense ones")
+    parser.add_argument("--batches", default="1,8,32,64,128,256")
+    parser.add_argument("--context", type=int, default=1024, help="prompt tokens of every request")
+    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--max-tokens-per-step", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transformers-batches", default="1,8,32", help="empty to skip the transformers run")
+    parser.add_argument("--transformers-prefill-prompts", type=int, default=2)
+    parser.add_argument("--json", help="write every measurement to this file")
+    return parser.parse_args(argv)
+
+
+def write_model_dir(num_layers):
+    config = json.loads(GLM47_CONFIG.read_text())
+    config["num_hidden_layers"] = num_layers
+    directory = Path(tempfile.mkdtemp(prefix="glmrt-bench-"))
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory, config
+
+
+def copy_bandwidth(torch):
+    count = 4 << 30
+    source = torch.empty(count, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    for _ in range(3):
+        target.copy_(source)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    repeats = 10
+    start.record()
+    for _ in range(repeats):
+        target.copy_(source)
+    stop.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(stop) / 1000.0
+    del source, target
+    torch.cuda.empty_cache()
+    return 2.0 * count * repeats / seconds
+
+
+def experts_touched(num_experts, top_k, num_tokens):
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
+
+
+def decode_step_bytes(config, batch, context):
+    hidden = config["hidden_size"]
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    vocab, layers = config["vocab_size"], config["num_hidden_layers"]
+    dense_layers = min(config["first_k_dense_replace"], layers)
+    moe_layers = layers - dense_layers
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    attention = (q_rows + 2 * kv_rows) * hidden + hidden * q_rows + 4 * (q_rows + 2 * kv_rows + 2 * hidden)
+    dense_mlp = 3 * config["intermediate_size"] * hidden + 4 * (3 * config["intermediate_size"])
+    expert = 3 * config["moe_intermediate_size"] * hidden + 4 * (2 * config["moe_intermediate_size"] + hidden)
+    shared = config["n_shared_experts"] * expert
+    router = 2 * config["n_routed_experts"] * hidden
+    touched = experts_touched(config["n_routed_experts"], config["num_experts_per_tok"], batch)
+    weights = dense_layers * (attention + dense_mlp) + moe_layers * (attention + shared + router + touched * expert)
+    weights += 2 * vocab * hidden + batch * 2 * hidden
+    kv_read = batch * context * layers * 2 * kv_heads * head_dim * 2
+    return weights, kv_read
+
+
+def random_prompt(rng, length, vocab):
+    return [int(t) for t in rng.integers(0, vocab, size=length)]
+
+
+def fill_contexts(engine, requests):
+    pending = list(requests)
+    tokens = 0
+    start = time.perf_counter()
+    while pending:
+        before = sum(r.info().num_computed_tokens for r in pending)
+        step_tokens, _ = engine.step(pending)
+        after = sum(r.info().num_computed_tokens for r in pending)
+        tokens += after - before
+        pending = [r for r, t in zip(pending, step_tokens) if t < 0]
+    return tokens, time.perf_counter() - start
+
+
+def time_decode(engine, requests, warmup, steps):
+    for _ in range(warmup):
+        engine.step(requests)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step(requests)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def run_ours(args, model_dir, config, batches, bandwidth):
+    largest = max(batches)
+    new_tokens = len(batches) * (args.warmup_steps + args.decode_steps) + 4
+    pages = largest * math.ceil((args.context + new_tokens + 1) / PAGE_SIZE) + 16
+    engine = Engine(model_dir, backend="cuda", random_weights=True, random_seed=args.seed, max_batch=largest,
+                    max_tokens_per_step=max(args.max_tokens_per_step, largest), kv_page_size=PAGE_SIZE,
+                    kv_num_pages=pages)
+    info = engine.info()
+    rng = np.random.default_rng(args.seed)
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+    requests = [engine.create_request(random_prompt(rng, args.context, config["vocab_size"]), params)
+                for _ in range(largest)]
+    prefill_tokens, prefill_seconds = fill_contexts(engine, requests)
+    print(f"glmrt prefill {prefill_tokens} tokens in {prefill_seconds:.2f} s", flush=True)
+    rows = []
+    for batch in batches:
+        seconds = time_decode(engine, requests[:batch], args.warmup_steps, args.decode_steps)
+        context = requests[0].info().num_tokens
+        weight_bytes, kv_bytes = decode_step_bytes(config, batch, context)
+        floor = (weight_bytes + kv_bytes) / bandwidth
+        rows.append(dict(batch=batch, context=context, step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
+                         weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, floor_ms=floor * 1e3,
+                         roofline_fraction=floor / seconds))
+        print(f"glmrt decode {rows[-1]}", flush=True)
+    for request in requests:
+        engine.free_request(request)
+    stats = engine.stats()
+    engine.close()
+    return dict(info=dict(device=info.device_name, weight_bytes=info.weight_bytes, kv_cache_bytes=info.kv_cache_bytes,
+                          workspace_bytes=info.workspace_bytes, kv_num_pages=info.kv_num_pages,
+                          pages_free_after=stats.kv_pages_free),
+                prefill=dict(tokens=prefill_tokens, seconds=prefill_seconds,
+                             tokens_per_s=prefill_tokens / prefill_seconds),
+                decode=rows)
+
+
+def transformers_model(torch, config_dict):
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    fields = {k: v for k, v in config_dict.items() if k != "quantization_config"}
+    config = Glm4MoeConfig(**fields)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = Glm4MoeForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.eval()
+    return model
+
+
+def run_transformers(args, torch, config_dict, batches):
+    from transformers import DynamicCache
+
+    model = transformers_model(torch, config_dict)
+    vocab = config_dict["vocab_size"]
+    generator = torch.Generator(device="cuda").manual_seed(args.seed)
+    rows = []
+    with torch.no_grad():
+        prompts = torch.randint(0, vocab, (args.transformers_prefill_prompts, args.context), device="cuda",
+                                generator=generator)
+        model(prompts[:1, :16])
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(prompts.shape[0]):
+            model(prompts[i:i + 1])
+        torch.cuda.synchronize()
+        prefill_rate = prompts.numel() / (time.perf_counter() - start)
+        for batch in batches:
+            cache = DynamicCache(config=model.config)
+            ids = torch.randint(0, vocab, (batch, args.context), device="cuda", generator=generator)
+            out = model(ids, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            times = []
+            for step in range(args.warmup_steps + args.decode_steps):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = model(token, past_key_values=cache, use_cache=True)
+                token = out.logits[:, -1:].argmax(-1)
+                torch.cuda.synchronize()
+                if step >= args.warmup_steps:
+                    times.append(time.perf_counter() - start)
+            rows.append(dict(batch=batch, step_ms=float(np.median(times)) * 1e3))
+            print(f"transformers decode {rows[-1]}", flush=True)
+            del cache, out, ids
+            torch.cuda.empty_cache()
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dict(prefill_tokens_per_s=prefill_rate, decode=rows)
+
+
+def print_tables(result):
+    ours = result["glmrt"]
+    print(f"device {ours['info']['device']}, copy bandwidth {result['copy_bandwidth'] / 1e12:.2f} TB/s, "
+          f"{result['layers']} layers ({result['moe_layers']} MoE), weights {ours['info']['weight_bytes'] / 1e9:.1f} GB")
+    print(f"prefill: {ours['prefill']['tokens']} tokens in {ours['prefill']['seconds']:.2f} s = "
+          f"{ours['prefill']['tokens_per_s']:.0f} tokens/s")
+    reference = {row["batch"]: row["step_ms"] for row in result.get("transformers", {}).get("decode", [])}
+    print("| batch | context | step ms | tokens/s | weights GB | KV GB | floor ms | roofline | transformers ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in ours["decode"]:
+        hf = reference.get(row["batch"])
+        hf_text = f"{hf:.1f} | {hf / row['step_ms']:.2f}x" if hf else "- | -"
+        print(f"| {row['batch']} | {row['context']} | {row['step_ms']:.2f} | {row['tokens_per_s']:.0f} | "
+              f"{row['weight_gb']:.2f} | {row['kv_gb']:.2f} | {row['floor_ms']:.2f} | "
+              f"{100 * row['roofline_fraction']:.1f}% | {hf_text} |")
+    if "transformers" in result:
+        print(f"transformers eager prefill: {result['transformers']['prefill_tokens_per_s']:.0f} tokens/s")
+
+
+def main(argv):
+    args = parse_args(argv)
+    import torch
+
+    batches = [int(b) for b in args.batches.split(",") if b]
+    dense = json.loads(GLM47_CONFIG.read_text())["first_k_dense_replace"]
+    model_dir, config = write_model_dir(dense + args.moe_layers)
+    bandwidth = copy_bandwidth(torch)
+    result = dict(layers=config["num_hidden_layers"], moe_layers=args.moe_layers, copy_bandwidth=bandwidth,
+                  glmrt=run_ours(args, model_dir, config, batches, bandwidth))
+    hf_batches = [int(b) for b in args.transformers_batches.split(",") if b]
+    if hf_batches:
+        result["transformers"] = run_transformers(args, torch, config, hf_batches)
+    print_tables(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$root"
+
+variant="${1:-release}"
+cuda_archs="${2:-90a 100a}"
+compile_only="${3:-0}"
+
+nvcc_bin="${NVCC:-$(command -v nvcc || true)}"
+if [ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    nvcc_bin=/usr/local/cuda/bin/nvcc
+fi
+if [ -z "$nvcc_bin" ]; then
+    echo "build_cuda.sh: nvcc not found" >&2
+    exit 1
+fi
+cuda_home="${CUDA_HOME:-}"
+if [ -z "$cuda_home" ]; then
+    cuda_home=$("$nvcc_bin" -dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+fi
+if [ -z "$cuda_home" ]; then
+    cuda_home=$(dirname "$(dirname "$(readlink -f "$nvcc_bin")")")
+fi
+
+case "$variant" in
+    release) out_dir="build"; nv_opt="-O3 -lineinfo -DNDEBUG"; cc_opt="-O3 -march=${GLMRT_MARCH:-native} -DNDEBUG"; link_extra="" ;;
+    debug) out_dir="build/debug"; nv_opt="-O0 -g -lineinfo -DGLMRT_DEBUG"; cc_opt="-O0 -g -DGLMRT_DEBUG"; link_extra="" ;;
+    asan) out_dir="build/asan"; nv_opt="-O1 -g -lineinfo -DGLMRT_DEBUG"; cc_opt="-O1 -g -DGLMRT_DEBUG -fsanitize=address,undefined -fno-omit-frame-pointer"; link_extra="-fsanitize=address,undefined" ;;
+    *) echo "build_cuda.sh: unknown variant $variant" >&2; exit 2 ;;
+esac
+
+supported_archs=$("$nvcc_bin" --list-gpu-arch 2>/dev/null | tr '\n' ' ')
+probe_dir=$(mktemp -d)
+trap 'rm -rf "$probe_dir"' EXIT
+printf '__global__ void glmrt_probe_kernel(int *p) { *p = 1; }\n' > "$probe_dir/probe.cu"
+
+gencode=""
+built_archs=""
+for arch in $cuda_archs; do
+    base="${arch%a}"
+    base="${base%f}"
+    if ! echo " $supported_archs " | grep -q " compute_${base} "; then
+        echo "build_cuda.sh: nvcc $("$nvcc_bin" --version | tail -1) cannot target compute_${base}; skipping sm_${arch}" >&2
+        continue
+    fi
+    flag="-gencode=arch=compute_${arch},code=sm_${arch}"
+    if ! "$nvcc_bin" $flag -c "$probe_dir/probe.cu" -o "$probe_dir/probe.o" >/dev/null 2>&1; then
+        echo "build_cuda.sh: nvcc rejects sm_${arch}; skipping it" >&2
+        continue
+    fi
+    gencode="$gencode $flag"
+    built_archs="$built_archs sm_${arch}"
+done
+if [ -z "$gencode" ]; then
+    echo "build_cuda.sh: none of the architectures [$cuda_archs] can be built" >&2
+    exit 1
+fi
+
+include_flags="-Icsrc/include -Icsrc/core -Icsrc/cpu -Icsrc/cuda"
+nv_flags="-std=c++17 $nv_opt $gencode $include_flags -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter"
+cc="${CC:-gcc}"
+cc_flags="-std=c11 -D_GNU_SOURCE -fPIC -pthread -Wall -Wextra -Wno-unused-parameter $include_flags -DGLMRT_WITH_CUDA $cc_opt"
+
+obj_dir="$out_dir/obj_cuda"
+mkdir -p "$obj_dir"
+flags_stamp="$obj_dir/nvcc_flags"
+if [ ! -e "$flags_stamp" ] || [ "$(cat "$flags_stamp")" != "$nv_flags" ]; then
+    rm -f "$obj_dir"/*.o
+    printf '%s' "$nv_flags" > "$flags_stamp"
+fi
+jobs="${GLMRT_BUILD_JOBS:-$(nproc)}"
+
+compile_cuda_one() {
+    local src="$1"
+    local obj="$obj_dir/$(basename "$src" .cu).o"
+    if [ "$obj" -nt "$src" ] && [ -z "$(find csrc/cuda csrc/core csrc/include -name '*.h*' -newer "$obj" | head -1)" ]; then
+        return 0
+    fi
+    "$nvcc_bin" $nv_flags -c "$src" -o "$obj"
+}
+export -f compile_cuda_one
+export nvcc_bin nv_flags obj_dir
+
+ls csrc/cuda/*.cu | xargs -P "$jobs" -I{} bash -c 'compile_cuda_one "$1"' _ {}
+cuda_objects=$(ls "$obj_dir"/*.o | grep -v '/core_' || true)
+
+nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/include/nccl.h" ]; then
+    echo "build_cuda.sh: NCCL wheel found at $nccl_dir"
+else
+    echo "build_cuda.sh: no NCCL wheel found (one GPU needs none)"
+fi
+
+if [ "$compile_only" = 1 ]; then
+    for driver in tests/native_cuda/*.cu; do
+        [ -e "$driver" ] || continue
+        "$nvcc_bin" $nv_flags -c "$driver" -o "$obj_dir/driver_$(basename "$driver" .cu).o"
+    done
+    echo "compiled CUDA sources for$built_archs ($variant, compile only)"
+    exit 0
+fi
+
+core_objects=""
+for src in csrc/core/*.c csrc/cpu/*.c; do
+    obj="$obj_dir/core_$(echo "$src" | tr '/' '_' | sed 's/\.c$/.o/')"
+    $cc $cc_flags -c "$src" -o "$obj"
+    core_objects="$core_objects $obj"
+done
+
+link_libs="-L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lpthread -lm"
+g++ -shared $link_extra -o "$out_dir/libglmrt_cuda.so" $core_objects $cuda_objects $link_libs
+
+for driver in tests/native_cuda/*.cu; do
+    [ -e "$driver" ] || continue
+    name=$(basename "$driver" .cu)
+    "$nvcc_bin" $nv_flags -o "$out_dir/$name" "$driver" $core_objects $cuda_objects $link_libs ${link_extra:+-Xcompiler $link_extra}
+done
+
+echo "built $out_dir/libglmrt_cuda.so for$built_archs ($variant)"

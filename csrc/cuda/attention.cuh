@@ -1,0 +1,56 @@
+#ifndef GLMRT_ATTENTION_CUH
+#define GLMRT_ATTENTION_CUH
+
+#include "ops.cuh"
+
+#define GLMRT_ATTENTION_MAX_GROUP 16
+#define GLMRT_ATTENTION_PREFILL_TOKENS 4
+#define GLMRT_ATTENTION_KEY_TILE 32
+#define GLMRT_ATTENTION_KEYS_PER_SPLIT 512
+#define GLMRT_ATTENTION_MAX_SPLITS 16
+
+typedef struct glmrt_cuda_attention_item {
+    int32_t seq;
+    int32_t token_begin;
+    int32_t num_tokens;
+    int32_t key_begin;
+    int32_t key_end;
+    int32_t partial;
+    int32_t reserved[2];
+} glmrt_cuda_attention_item;
+
+typedef struct glmrt_cuda_attention_merge {
+    int32_t token;
+    int32_t partial_begin;
+    int32_t num_splits;
+    int32_t reserved;
+} glmrt_cuda_attention_merge;
+
+typedef struct glmrt_cuda_attention_args {
+    const float *q;
+    int64_t q_stride;
+    const int32_t *positions;
+    const int32_t *seq_page_begin;
+    const int32_t *page_ids;
+    glmrt_cuda_kv_layout kv;
+    int32_t layer;
+    int32_t group;
+    float scale;
+    const glmrt_cuda_attention_item *items;
+    int32_t num_items;
+    float *out;
+    int64_t out_stride;
+    float *partial_out;
+    float *partial_stats;
+} glmrt_cuda_attention_args;
+
+int32_t glmrt_cuda_attention_prefill_tokens(int32_t head_dim);
+glmrt_status glmrt_cuda_attention_prepare(int32_t head_dim, int32_t group, glmrt_error *error);
+glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int32_t tokens_per_item,
+                                      cudaStream_t stream, glmrt_error *error);
+glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge *merges, int32_t num_merges,
+                                            int32_t num_q_heads, int32_t group, int32_t num_kv_heads,
+                                            int32_t head_dim, const float *partial_out, const float *partial_stats,
+                                            float *out, int64_t out_stride, cudaStream_t stream, glmrt_error *error);
+
+#endif

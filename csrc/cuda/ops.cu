@@ -1,0 +1,222 @@
+#include "cuda_check.cuh"
+#include "device_math.cuh"
+#include "ops.cuh"
+
+#define GLMRT_NORM_THREADS 256
+#define GLMRT_ROPE_WARPS 4
+#define GLMRT_ELEMENTWISE_THREADS 256
+
+__device__ __forceinline__ float glmrt_block_sum(float value, float *shared)
+{
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    value = glmrt_warp_sum(value);
+    if (lane == 0) {
+        shared[warp] = value;
+    }
+    __syncthreads();
+    int num_warps = (int)blockDim.x >> 5;
+    float total = 0.0f;
+    for (int w = 0; w < num_warps; ++w) {
+        total += shared[w];
+    }
+    __syncthreads();
+    return total;
+}
+
+__global__ void glmrt_rmsnorm_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, const float *weight,
+                                     int32_t n, float eps, float *y, int64_t y_stride)
+{
+    __shared__ float partial[GLMRT_NORM_THREADS / 32];
+    int64_t source = x_rows != nullptr ? x_rows[blockIdx.x] : blockIdx.x;
+    const float *row = x + source * x_stride;
+    float *out = y + (int64_t)blockIdx.x * y_stride;
+    float sum = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        sum = __fmaf_rn(row[i], row[i], sum);
+    }
+    float mean_square = glmrt_block_sum(sum, partial) / (float)n;
+    float inverse = 1.0f / sqrtf(mean_square + eps);
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        out[i] = weight[i] * (row[i] * inverse);
+    }
+}
+
+glmrt_status glmrt_cuda_rmsnorm(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
+                                const float *weight, int32_t n, float eps, float *y, int64_t y_stride,
+                                cudaStream_t stream, glmrt_error *error)
+{
+    if (num_rows <= 0) {
+        return GLMRT_OK;
+    }
+    glmrt_rmsnorm_kernel<<<num_rows, GLMRT_NORM_THREADS, 0, stream>>>(x, x_stride, x_rows, weight, n, eps, y,
+                                                                      y_stride);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_rmsnorm_kernel");
+    return GLMRT_OK;
+}
+
+__global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token_ids, float *out)
+{
+    int32_t token = token_ids[blockIdx.x];
+    float *row_out = out + (int64_t)blockIdx.x * embed.cols;
+    if (token < 0 || token >= embed.rows) {
+        for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {
+            row_out[i] = __uint_as_float(0x7fc00000u);
+        }
+        return;
+    }
+    if (embed.format == GLMRT_CUDA_FORMAT_BF16) {
+        const uint16_t *row = reinterpret_cast<const uint16_t *>(embed.data) + (int64_t)token * embed.cols;
+        for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {
+            row_out[i] = glmrt_bf16_bits_to_float(row[i]);
+        }
+    } else if (embed.format == GLMRT_CUDA_FORMAT_F32) {
+        const float *row = reinterpret_cast<const float *>(embed.data) + (int64_t)token * embed.cols;
+        for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {
+            row_out[i] = row[i];
+        }
+    } else {
+        const uint8_t *row = embed.data + (int64_t)token * embed.cols;
+        for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {
+            float scale = 1.0f;
+            if (embed.scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
+                scale = embed.scale[token];
+            } else if (embed.scale_kind == GLMRT_CUDA_SCALE_BLOCK) {
+                scale = embed.scale[(int64_t)glmrt_cuda_matrix_row_block(&embed, token) * embed.scale_cols +
+                                    i / embed.block_cols];
+            }
+            row_out[i] = glmrt_fp8_e4m3_bits_to_float(row[i]) * scale;
+        }
+    }
+}
+
+glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *token_ids, int32_t num_tokens,
+                              float *out, cudaStream_t stream, glmrt_error *error)
+{
+    if (num_tokens <= 0) {
+        return GLMRT_OK;
+    }
+    glmrt_embed_kernel<<<num_tokens, GLMRT_NORM_THREADS, 0, stream>>>(*embed, token_ids, out);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_embed_kernel");
+    return GLMRT_OK;
+}
+
+__global__ void glmrt_silu_mul_kernel(const float *gate_up, int32_t width, int32_t num_rows,
+                                      const int32_t *device_rows, float *out)
+{
+    int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
+    int64_t total = (int64_t)rows * width;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / width;
+        int64_t col = i - row * width;
+        const float *source = gate_up + row * 2 * width;
+        out[i] = glmrt_silu_times(source[col], source[width + col]);
+    }
+}
+
+glmrt_status glmrt_cuda_silu_mul(const float *gate_up, int32_t width, int32_t num_rows, const int32_t *device_rows,
+                                 float *out, cudaStream_t stream, glmrt_error *error)
+{
+    if (num_rows <= 0) {
+        return GLMRT_OK;
+    }
+    int64_t total = (int64_t)num_rows * width;
+    int64_t blocks = glmrt_ceil_div64(total, GLMRT_ELEMENTWISE_THREADS);
+    if (blocks > 65536) {
+        blocks = 65536;
+    }
+    glmrt_silu_mul_kernel<<<(unsigned)blocks, GLMRT_ELEMENTWISE_THREADS, 0, stream>>>(gate_up, width, num_rows,
+                                                                                      device_rows, out);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_silu_mul_kernel");
+    return GLMRT_OK;
+}
+
+__device__ __forceinline__ void glmrt_head_rms_norm(float *head, const float *weight, int32_t head_dim, float eps,
+                                                    int lane)
+{
+    float sum = 0.0f;
+    for (int32_t i = lane; i < head_dim; i += 32) {
+        sum = __fmaf_rn(head[i], head[i], sum);
+    }
+    float inverse = 1.0f / sqrtf(glmrt_warp_sum(sum) / (float)head_dim + eps);
+    __syncwarp();
+    for (int32_t i = lane; i < head_dim; i += 32) {
+        head[i] = weight[i] * (head[i] * inverse);
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim, float theta, int32_t position,
+                                                int lane)
+{
+    int32_t half = rotary_dim / 2;
+    for (int32_t i = lane; i < half; i += 32) {
+        float exponent = (float)(2 * i) / (float)rotary_dim;
+        float inv_freq = 1.0f / powf(theta, exponent);
+        float angle = (float)position * inv_freq;
+        float c = cosf(angle);
+        float s = sinf(angle);
+        float first = head[i];
+        float second = head[i + half];
+        head[i] = first * c - second * s;
+        head[i + half] = second * c + first * s;
+    }
+    __syncwarp();
+}
+
+__global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
+{
+    extern __shared__ float rope_shared[];
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    const int32_t token = blockIdx.x;
+    const int32_t head_dim = args.kv.head_dim;
+    float *head = rope_shared + warp * head_dim;
+    float *row = args.qkv + (int64_t)token * args.qkv_stride;
+    const int32_t position = args.positions[token];
+    const int32_t seq = args.token_seq[token];
+    const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
+    const int32_t slot = position % args.kv.page_size;
+    uint16_t *page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
+    const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
+    for (int32_t h = warp; h < num_heads; h += GLMRT_ROPE_WARPS) {
+        float *source = row + (int64_t)h * head_dim;
+        for (int32_t i = lane; i < head_dim; i += 32) {
+            head[i] = source[i];
+        }
+        __syncwarp();
+        int is_query = h < args.num_q_heads;
+        int is_key = !is_query && h < args.num_q_heads + args.kv.num_kv_heads;
+        if (is_query || is_key) {
+            const float *norm = is_query ? args.q_norm : args.k_norm;
+            if (norm != nullptr) {
+                glmrt_head_rms_norm(head, norm, head_dim, args.eps, lane);
+            }
+            glmrt_head_rope(head, args.rotary_dim, args.theta, position, lane);
+        }
+        if (is_query) {
+            for (int32_t i = lane; i < head_dim; i += 32) {
+                source[i] = head[i];
+            }
+        } else {
+            int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
+            uint16_t *target = page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
+                               (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * head_dim;
+            for (int32_t i = lane; i < head_dim; i += 32) {
+                target[i] = glmrt_float_to_bf16_bits(head[i]);
+            }
+        }
+        __syncwarp();
+    }
+}
+
+glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStream_t stream, glmrt_error *error)
+{
+    if (args->num_tokens <= 0) {
+        return GLMRT_OK;
+    }
+    size_t shared = (size_t)GLMRT_ROPE_WARPS * args->kv.head_dim * sizeof(float);
+    glmrt_qk_rope_store_kernel<<<args->num_tokens, GLMRT_ROPE_WARPS * 32, shared, stream>>>(*args);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_qk_rope_store_kernel");
+    return GLMRT_OK;
+}

@@ -1,0 +1,189 @@
+import asyncio
+import itertools
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+from glmrt.bindings import GLMRT_MAX_STOP_TOKEN_IDS
+from glmrt.engine import SamplingParams
+from glmrt.engine_thread import EngineThread, EngineUnavailable, EngineWork
+from glmrt.protocol import SERVER_ERROR, ProtocolError, ProtocolLimits
+from glmrt.response_stream import ResponseStream
+from glmrt.tokenizer import Tokenizer
+
+request_log = logging.getLogger("glmrt.requests")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    max_concurrent: int
+    max_queued: int
+    default_max_tokens: int = 1024
+    watermark_pages: int = 0
+
+    @property
+    def capacity(self):
+        return self.max_concurrent + self.max_queued
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    prompt_ids: list
+    params: SamplingParams
+    stop: tuple
+    arrived_at: float
+
+
+def pick(value, model_default, builtin_default):
+    if value is not None:
+        return value
+    return model_default if model_default is not None else builtin_default
+
+
+def input_param(request):
+    return "request.messages" if request.messages is not None else "request.prompt"
+
+
+class ServingRuntime:
+    def __init__(self, engine_factory, model_dir, metrics, settings):
+        self.model_dir = model_dir
+        self.metrics = metrics
+        self.settings = settings
+        self.engine_thread = EngineThread(engine_factory, metrics, max_inbox=settings.capacity,
+                                          max_running=settings.max_concurrent,
+                                          watermark_pages=settings.watermark_pages)
+        self.tokenizer = None
+        self.limits = None
+        self.num_active = 0
+        self.loaded = False
+        self.ready = False
+        self._work_ids = itertools.count(1)
+        self._stopped = None
+
+    @property
+    def config(self):
+        return self.engine_thread.config
+
+    @property
+    def engine_info(self):
+        return self.engine_thread.engine_info
+
+    @property
+    def max_prompt_tokens(self):
+        info = self.engine_info
+        return min(info.max_context, info.kv_num_pages * info.kv_page_size) - 1
+
+    async def start(self):
+        loop = asyncio.get_running_loop()
+        loaded = loop.create_future()
+        self._stopped = loop.create_future()
+        self.engine_thread.add_listener(loop, lambda: loaded.done() or loaded.set_result(None),
+                                        lambda: self._stopped.done() or self._stopped.set_result(None))
+        self.engine_thread.start()
+        self.tokenizer = await asyncio.to_thread(Tokenizer, self.model_dir)
+        await loaded
+        if self.engine_thread.load_error is not None:
+            raise self.engine_thread.load_error
+        self.limits = ProtocolLimits(vocab_size=self.config.vocab_size,
+                                     max_stop_token_ids=GLMRT_MAX_STOP_TOKEN_IDS - len(self.config.eos_token_ids))
+        self.loaded = True
+        self.ready = True
+
+    @property
+    def engine_stopped(self):
+        return self._stopped
+
+    async def stop(self):
+        self.ready = False
+        self.engine_thread.stop()
+        if self._stopped is not None and self.engine_thread.loaded.is_set():
+            await self._stopped
+        await asyncio.to_thread(self.engine_thread.join)
+
+    def encode_input(self, request, event_id):
+        if request.messages is None:
+            return self.tokenizer.encode(request.prompt)
+        try:
+            return self.tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True)
+        except Exception as exc:
+            raise ProtocolError("invalid_value", f"the chat template rejected the messages: {exc}",
+                                param="request.messages", event_id=event_id) from None
+
+    def prepare(self, request, event_id=None):
+        arrived_at = time.perf_counter()
+        prompt_ids = self.encode_input(request, event_id)
+        limit = self.max_prompt_tokens
+        if len(prompt_ids) > limit:
+            raise ProtocolError("context_length_exceeded",
+                                f"the prompt has {len(prompt_ids)} tokens; this server accepts at most {limit} "
+                                f"prompt tokens (context {self.engine_info.max_context}, KV pool "
+                                f"{self.engine_info.kv_num_pages * self.engine_info.kv_page_size} tokens)",
+                                param=input_param(request), event_id=event_id)
+        if not prompt_ids:
+            raise ProtocolError("invalid_value", "the input encodes to zero tokens", param=input_param(request),
+                                event_id=event_id)
+        room = limit + 1 - len(prompt_ids)
+        max_new_tokens = min(request.max_tokens or self.settings.default_max_tokens, room)
+        return PreparedRequest(prompt_ids, self.sampling_params(request, max_new_tokens), request.stop, arrived_at)
+
+    def stop_token_settings(self, request):
+        extra = list(request.stop_token_ids)
+        if not extra:
+            return None, request.ignore_eos
+        if request.ignore_eos:
+            return extra, False
+        return list(dict.fromkeys(list(self.config.eos_token_ids) + extra)), False
+
+    def sampling_params(self, request, max_new_tokens):
+        config = self.config
+        stop_token_ids, ignore_eos = self.stop_token_settings(request)
+        return SamplingParams(
+            temperature=pick(request.temperature, config.temperature, 1.0),
+            top_p=pick(request.top_p, config.top_p, 1.0),
+            top_k=pick(request.top_k, config.top_k, 0),
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+            max_new_tokens=max_new_tokens,
+            seed=request.seed if request.seed is not None else secrets.randbits(64),
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
+        )
+
+    def check_admission(self, event_id=None):
+        if not self.ready:
+            raise ProtocolError("server_shutting_down", "the server is not accepting new responses",
+                                event_id=event_id, error_type=SERVER_ERROR)
+        if self.num_active >= self.settings.capacity:
+            self.metrics.admission_rejections.inc()
+            raise ProtocolError("overloaded", f"the server is at its limit of {self.settings.capacity} active "
+                                "responses; retry later", event_id=event_id, error_type=SERVER_ERROR)
+
+    def open_response(self, prepared, event_id=None):
+        self.check_admission(event_id)
+        loop = asyncio.get_running_loop()
+        work = EngineWork(next(self._work_ids), prepared.prompt_ids, prepared.params, loop,
+                          asyncio.Queue(maxsize=prepared.params.max_new_tokens + 2))
+        try:
+            self.engine_thread.submit(work)
+        except EngineUnavailable as exc:
+            raise ProtocolError("server_shutting_down", str(exc), event_id=event_id,
+                                error_type=SERVER_ERROR) from None
+        self.num_active += 1
+        self.metrics.num_requests_active.set(self.num_active)
+        return ResponseStream(self, work, prepared)
+
+    def release(self, stream):
+        self.num_active -= 1
+        self.metrics.num_requests_active.set(self.num_active)
+        self.metrics.e2e_request_latency.observe(time.perf_counter() - stream.created_at)
+        self.metrics.count_finished(stream.status, stream.finish_reason)
+        request_log.info(json.dumps({
+            "event": "response.finished", "response_id": stream.response_id,
+            "prompt_tokens": stream.prompt_tokens, "completion_tokens": stream.completion_tokens,
+            "ttft_ms": stream.ttft_ms, "tokens_per_s": stream.tokens_per_s,
+            "e2e_ms": round((time.perf_counter() - stream.created_at) * 1000.0, 3),
+            "finish_reason": stream.finish_reason, "status": stream.status}, separators=(",", ":")))

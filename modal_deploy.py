@@ -1,0 +1,208 @@
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import modal
+
+APP_NAME = "glmrt"
+REPO_ROOT = Path(__file__).resolve().parent
+REMOTE_REPO_DIR = "/opt/glmrt"
+REPO_IGNORE = [".git", ".venv", "build", "**/__pycache__", "**/*.pyc", ".pytest_cache", ".whl", ".cache"]
+
+CUDA_BASE_IMAGE = "nvidia/cuda:12.8.1-devel-ubuntu22.04"
+PYTHON_VERSION = "3.11"
+CUDA_ARCHS = "100a 90a"
+BUILD_COMMAND = f'PATH="/usr/local/cuda/bin:$PATH" bash build.sh release --cuda --cuda-arch "{CUDA_ARCHS}" --march x86-64-v3 --no-deps'
+DOWNLOAD_PACKAGES = ("huggingface_hub==2.4.0", "hf_xet==1.8.0")
+
+WEIGHTS_VOLUME_NAME = "glmrt-weights"
+WEIGHTS_MOUNT = "/weights"
+MODEL_REPO_ID = "zai-org/GLM-4.7-FP8"
+MODEL_DIR = f"{WEIGHTS_MOUNT}/GLM-4.7-FP8"
+
+SERVER_PORT = 8765
+SERVER_HOST = "0.0.0.0"
+GPU_ENV_VAR = "GLMRT_MODAL_GPU"
+SERVER_ARGS_ENV_VAR = "GLMRT_MODAL_SERVER_ARGS"
+SERVER_TUNING_ARGS = ("--max-batch", "256")
+DEFAULT_GPU_SPEC = "B200:8"
+SUPPORTED_GPU_SPECS = ("B200:8", "H200:8", "H100:8")
+
+MODAL_MAX_TIMEOUT_S = 24 * 3600
+SERVER_TIMEOUT_S = MODAL_MAX_TIMEOUT_S
+SERVER_STARTUP_TIMEOUT_S = 3600
+SERVER_SCALEDOWN_WINDOW_S = 1800
+SERVER_CPU_CORES = 32.0
+MAX_CONCURRENT_SOCKETS = 1000
+DOWNLOAD_TIMEOUT_S = 6 * 3600
+DOWNLOAD_CPU_CORES = 8.0
+CHECK_TIMEOUT_S = 1800
+CLIENT_TIMEOUT_S = SERVER_STARTUP_TIMEOUT_S + 3 * 3600
+CLIENT_CPU_CORES = 8.0
+
+PIPELINE_STEPS = ("download", "build", "validate", "smoke", "bench")
+BENCH_CONCURRENCIES = "64,256"
+BENCH_DURATION_S = 300
+BENCH_PROMPT_LEN = 1024
+BENCH_GEN_LEN = 1024
+SMOKE_MAX_TOKENS = 256
+REMOTE_BENCH_DIR = "/tmp/glmrt-bench"
+
+
+def resolve_gpu_spec(value):
+    spec = (value or DEFAULT_GPU_SPEC).strip().upper()
+    if spec not in SUPPORTED_GPU_SPECS:
+        raise ValueError(f"{GPU_ENV_VAR}={value!r} is not supported: use one of {', '.join(SUPPORTED_GPU_SPECS)}")
+    return spec
+
+
+GPU_SPEC = resolve_gpu_spec(os.environ.get(GPU_ENV_VAR))
+GPU_TYPE = GPU_SPEC.split(":")[0]
+SERVER_EXTRA_ARGS = tuple(shlex.split(os.environ.get(SERVER_ARGS_ENV_VAR, "")))
+
+
+def server_command(python_executable):
+    return [python_executable, "server.py", "--model", MODEL_DIR, "--backend", "cuda", "--host", SERVER_HOST,
+            "--port", str(SERVER_PORT), *SERVER_TUNING_ARGS, *SERVER_EXTRA_ARGS]
+
+
+def container_env():
+    return {GPU_ENV_VAR: GPU_SPEC, SERVER_ARGS_ENV_VAR: shlex.join(SERVER_EXTRA_ARGS)}
+
+
+def hugging_face_secrets():
+    token = os.environ.get("HF_TOKEN")
+    return [modal.Secret.from_dict({"HF_TOKEN": token})] if token else []
+
+
+image = (
+    modal.Image.from_registry(CUDA_BASE_IMAGE, add_python=PYTHON_VERSION)
+    .apt_install("build-essential")
+    .pip_install_from_requirements(str(REPO_ROOT / "requirements.txt"))
+    .pip_install(*DOWNLOAD_PACKAGES)
+    .env({"PYTHONPATH": REMOTE_REPO_DIR, "HF_XET_HIGH_PERFORMANCE": "1"})
+    .add_local_dir(REPO_ROOT, REMOTE_REPO_DIR, copy=True, ignore=REPO_IGNORE)
+    .workdir(REMOTE_REPO_DIR)
+    .run_commands(BUILD_COMMAND, gpu=GPU_TYPE)
+)
+
+app = modal.App(APP_NAME, image=image)
+weights_volume = modal.Volume.from_name(WEIGHTS_VOLUME_NAME, create_if_missing=True)
+read_only_weights = weights_volume.with_mount_options(read_only=True)
+
+
+@app.function(volumes={WEIGHTS_MOUNT: weights_volume}, timeout=DOWNLOAD_TIMEOUT_S, cpu=DOWNLOAD_CPU_CORES,
+              secrets=hugging_face_secrets(), env=container_env())
+def download(force: bool = False) -> dict:
+    from glmrt import pipeline
+
+    try:
+        report = pipeline.ensure_checkpoint(MODEL_REPO_ID, MODEL_DIR, force=force)
+    finally:
+        weights_volume.commit()
+    return pipeline.as_dict(report)
+
+
+@app.function(gpu=GPU_TYPE, timeout=CHECK_TIMEOUT_S, env=container_env())
+def build_check() -> dict:
+    from glmrt import pipeline
+
+    return pipeline.as_dict(pipeline.check_build(Path(REMOTE_REPO_DIR), require_cuda=True,
+                                                 cuda_archs=tuple(CUDA_ARCHS.split())))
+
+
+@app.function(gpu=GPU_TYPE, volumes={WEIGHTS_MOUNT: read_only_weights}, timeout=CHECK_TIMEOUT_S,
+              env=container_env())
+def validate() -> dict:
+    from glmrt import pipeline
+
+    return pipeline.as_dict(pipeline.validate_checkpoint(MODEL_DIR))
+
+
+def exit_with_server(process):
+    returncode = process.wait()
+    print(json.dumps({"event": "server_exited", "returncode": returncode}), flush=True)
+    os._exit(returncode if returncode >= 0 else 128 - returncode)
+
+
+@app.function(gpu=GPU_SPEC, volumes={WEIGHTS_MOUNT: read_only_weights}, timeout=SERVER_TIMEOUT_S,
+              startup_timeout=SERVER_STARTUP_TIMEOUT_S, scaledown_window=SERVER_SCALEDOWN_WINDOW_S,
+              max_containers=1, cpu=SERVER_CPU_CORES, env=container_env())
+@modal.concurrent(max_inputs=MAX_CONCURRENT_SOCKETS)
+@modal.web_server(port=SERVER_PORT, startup_timeout=SERVER_STARTUP_TIMEOUT_S)
+def serve() -> None:
+    process = subprocess.Popen(server_command(sys.executable), cwd=REMOTE_REPO_DIR)
+    threading.Thread(target=exit_with_server, args=(process,), name="server-watch", daemon=True).start()
+
+
+def resolve_server_url(url):
+    if url:
+        return url
+    web_url = serve.get_web_url()
+    if not web_url:
+        raise RuntimeError("the serve endpoint has no URL yet: pass --url wss://<your endpoint>")
+    return web_url
+
+
+@app.function(timeout=CLIENT_TIMEOUT_S, cpu=CLIENT_CPU_CORES, env=container_env())
+def smoke(url: str = "", max_tokens: int = SMOKE_MAX_TOKENS) -> list:
+    from glmrt import pipeline
+
+    return pipeline.run_smoke(resolve_server_url(url), SERVER_STARTUP_TIMEOUT_S, max_tokens)
+
+
+@app.function(volumes={WEIGHTS_MOUNT: read_only_weights}, timeout=CLIENT_TIMEOUT_S, cpu=CLIENT_CPU_CORES,
+              env=container_env())
+def bench(url: str = "", concurrency: str = BENCH_CONCURRENCIES, duration: int = BENCH_DURATION_S,
+          prompt_len: int = BENCH_PROMPT_LEN, gen_len: int = BENCH_GEN_LEN) -> list:
+    from glmrt import pipeline
+
+    return pipeline.run_benchmarks(resolve_server_url(url), pipeline.parse_positive_ints(concurrency), duration,
+                                   prompt_len, gen_len, REMOTE_BENCH_DIR, SERVER_STARTUP_TIMEOUT_S, MODEL_DIR)
+
+
+def parse_steps(text):
+    steps = [step.strip() for step in text.split(",") if step.strip()]
+    unknown = [step for step in steps if step not in PIPELINE_STEPS]
+    if unknown or not steps:
+        raise ValueError(f"unknown steps {unknown or text!r}: choose from {', '.join(PIPELINE_STEPS)}")
+    return steps
+
+
+def print_step_result(step, result):
+    print(f"== {step}: done", flush=True)
+    print(json.dumps(result, indent=2), flush=True)
+
+
+def save_results(out_dir, step, result):
+    if not out_dir:
+        return
+    path = Path(out_dir) / f"modal-{step}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+@app.local_entrypoint()
+def main(steps: str = ",".join(PIPELINE_STEPS), url: str = "", concurrency: str = BENCH_CONCURRENCIES,
+         duration: int = BENCH_DURATION_S, prompt_len: int = BENCH_PROMPT_LEN, gen_len: int = BENCH_GEN_LEN,
+         max_tokens: int = SMOKE_MAX_TOKENS, out_dir: str = "", force_download: bool = False):
+    selected = parse_steps(steps)
+    print(f"glmrt on Modal: {GPU_SPEC}, steps {', '.join(selected)}", flush=True)
+    runners = {
+        "download": lambda: download.remote(force=force_download),
+        "build": build_check.remote,
+        "validate": validate.remote,
+        "smoke": lambda: smoke.remote(url=resolve_server_url(url), max_tokens=max_tokens),
+        "bench": lambda: bench.remote(url=resolve_server_url(url), concurrency=concurrency, duration=duration,
+                                      prompt_len=prompt_len, gen_len=gen_len),
+    }
+    for step in selected:
+        print(f"== {step}", flush=True)
+        result = runners[step]()
+        print_step_result(step, result)
+        save_results(out_dir, step, result)

@@ -1,0 +1,265 @@
+#include "cuda_test_support.cuh"
+#include "moe.cuh"
+#include "sampling.cuh"
+
+extern "C" {
+#include "moe.h"
+#include "sampling.h"
+}
+
+typedef struct glmrt_route_case {
+    const char *name;
+    int32_t experts;
+    int32_t top_k;
+    int32_t groups;
+    int32_t keep;
+    int32_t tokens;
+    float tie_step;
+} glmrt_route_case;
+
+static void glmrt_check_route(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_route_case *rc)
+{
+    const int32_t e = rc->experts;
+    const int32_t k = rc->top_k;
+    std::vector<float> logits((size_t)rc->tokens * e);
+    std::vector<float> bias(e);
+    for (float &v : logits) {
+        v = glmrt_test_normal(rng) * 2.0f;
+        if (rc->tie_step > 0.0f) v = roundf(v / rc->tie_step) * rc->tie_step;
+    }
+    for (float &v : bias) v = rc->tie_step > 0.0f ? 0.0f : glmrt_test_normal(rng) * 0.1f;
+    float *d_logits = glmrt_test_upload(logits);
+    float *d_bias = glmrt_test_upload(bias);
+    int32_t *d_ids = glmrt_test_alloc<int32_t>((size_t)rc->tokens * k);
+    float *d_weights = glmrt_test_alloc<float>((size_t)rc->tokens * k);
+    glmrt_cuda_route_args args;
+    args.logits = d_logits;
+    args.correction_bias = d_bias;
+    args.num_tokens = rc->tokens;
+    args.num_experts = e;
+    args.top_k = k;
+    args.num_groups = rc->groups;
+    args.keep_groups = rc->keep;
+    args.normalize = 1;
+    args.scaling = 2.5f;
+    args.topk_ids = d_ids;
+    args.topk_weights = d_weights;
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_moe_check(e, k, rc->groups, &error);
+    if (status == GLMRT_OK) status = glmrt_cuda_moe_route(&args, 0, &error);
+    std::vector<int32_t> ids = glmrt_test_download(d_ids, (size_t)rc->tokens * k);
+    std::vector<float> weights = glmrt_test_download(d_weights, (size_t)rc->tokens * k);
+    glmrt_model_config config;
+    memset(&config, 0, sizeof(config));
+    config.n_routed_experts = e;
+    config.num_experts_per_tok = k;
+    config.n_group = rc->groups;
+    config.topk_group = rc->keep;
+    config.norm_topk_prob = 1;
+    config.routed_scaling_factor = 2.5f;
+    std::vector<float> scores(e), choice(e), group_scores(rc->groups);
+    std::vector<uint8_t> group_kept(rc->groups), taken(e);
+    glmrt_moe_router_scratch scratch = {scores.data(), choice.data(), group_scores.data(), group_kept.data(),
+                                        taken.data()};
+    std::vector<int32_t> ref_ids(k);
+    std::vector<float> ref_weights(k);
+    long id_mismatch = status == GLMRT_OK ? 0 : 1;
+    double worst = 0.0;
+    for (int32_t t = 0; t < rc->tokens && status == GLMRT_OK; ++t) {
+        glmrt_moe_route_token(&config, logits.data() + (size_t)t * e, bias.data(), &scratch, ref_ids.data(),
+                              ref_weights.data());
+        for (int32_t s = 0; s < k; ++s) {
+            id_mismatch += ids[(size_t)t * k + s] != ref_ids[s];
+            worst = fmax(worst, fabs(weights[(size_t)t * k + s] - ref_weights[s]) / fabs(ref_weights[s]));
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "router %s picks the CPU's experts in the CPU's order", rc->name);
+    glmrt_test_expect(report, id_mismatch == 0, what, (double)id_mismatch, 0);
+    snprintf(what, sizeof(what), "router %s weights match the CPU", rc->name);
+    glmrt_test_expect(report, status == GLMRT_OK && worst < 1e-6, what, worst, 1e-6);
+    int32_t tile_rows = 4;
+    int32_t max_tiles = glmrt_cuda_moe_max_tiles(rc->tokens * k, e, tile_rows);
+    int32_t *d_counts = glmrt_test_alloc<int32_t>(e);
+    int32_t *d_sorted = glmrt_test_alloc<int32_t>((size_t)rc->tokens * k);
+    int32_t *d_rows = glmrt_test_alloc<int32_t>((size_t)rc->tokens * k);
+    glmrt_cuda_gemm_tile *d_tiles = glmrt_test_alloc<glmrt_cuda_gemm_tile>(max_tiles);
+    int32_t *d_counters = glmrt_test_alloc<int32_t>(2);
+    glmrt_cuda_dispatch_args dispatch = {d_ids, rc->tokens, k, 0, e, tile_rows, d_counts, d_sorted, d_rows,
+                                         d_tiles, d_counters, d_counters + 1};
+    if (status == GLMRT_OK) status = glmrt_cuda_moe_dispatch(&dispatch, 0, &error);
+    std::vector<int32_t> sorted = glmrt_test_download(d_sorted, (size_t)rc->tokens * k);
+    std::vector<int32_t> rows = glmrt_test_download(d_rows, (size_t)rc->tokens * k);
+    std::vector<glmrt_cuda_gemm_tile> tiles = glmrt_test_download(d_tiles, max_tiles);
+    std::vector<int32_t> counters = glmrt_test_download(d_counters, 2);
+    long bad = status == GLMRT_OK ? 0 : 1;
+    std::vector<int32_t> row_expert((size_t)rc->tokens * k, -1);
+    int32_t covered = 0;
+    for (int32_t i = 0; i < counters[0] && i < max_tiles; ++i) {
+        for (int32_t r = 0; r < tiles[i].num_rows; ++r) {
+            row_expert[tiles[i].row_begin + r] = tiles[i].group;
+            covered += 1;
+        }
+        bad += tiles[i].num_rows < 1 || tiles[i].num_rows > tile_rows;
+    }
+    bad += counters[1] != rc->tokens * k || covered != rc->tokens * k;
+    for (int32_t a = 0; a < rc->tokens * k; ++a) {
+        int32_t row = rows[a];
+        bad += row < 0 || row >= rc->tokens * k || sorted[row] != a / k || row_expert[row] != ids[a];
+    }
+    snprintf(what, sizeof(what), "dispatch %s sorts every assignment into its expert's tiles", rc->name);
+    glmrt_test_expect(report, bad == 0, what, (double)bad, 0);
+    cudaFree(d_logits);
+    cudaFree(d_bias);
+    cudaFree(d_ids);
+    cudaFree(d_weights);
+    cudaFree(d_counts);
+    cudaFree(d_sorted);
+    cudaFree(d_rows);
+    cudaFree(d_tiles);
+    cudaFree(d_counters);
+}
+
+
+static int glmrt_sampler_alloc(glmrt_cuda_sampler *s, int32_t rows, int32_t vocab, glmrt_error *error)
+{
+    memset(s, 0, sizeof(*s));
+    s->max_rows = rows;
+    s->vocab_size = vocab;
+    size_t cells = (size_t)rows * vocab;
+    s->values = glmrt_test_alloc<float>(cells);
+    s->counts = glmrt_test_alloc<int32_t>(cells);
+    s->keys_in = glmrt_test_alloc<uint32_t>(cells);
+    s->keys_out = glmrt_test_alloc<uint32_t>(cells);
+    s->ids_in = glmrt_test_alloc<int32_t>(cells);
+    s->ids_out = glmrt_test_alloc<int32_t>(cells);
+    s->row_offsets = glmrt_test_alloc<int32_t>(rows + 1);
+    if (glmrt_cuda_sampler_sort_bytes(rows, vocab, &s->sort_temp_bytes, error) != GLMRT_OK) {
+        return 0;
+    }
+    s->sort_temp = glmrt_test_alloc<uint8_t>(s->sort_temp_bytes);
+    return glmrt_cuda_sampler_init(s, 0, error) == GLMRT_OK;
+}
+
+static void glmrt_sampler_release(glmrt_cuda_sampler *s)
+{
+    cudaFree(s->values);
+    cudaFree(s->counts);
+    cudaFree(s->keys_in);
+    cudaFree(s->keys_out);
+    cudaFree(s->ids_in);
+    cudaFree(s->ids_out);
+    cudaFree(s->row_offsets);
+    cudaFree(s->sort_temp);
+}
+
+static void glmrt_check_sampler(glmrt_test_report *report, glmrt_test_rng *rng, int32_t vocab, int32_t rows)
+{
+    const float temperatures[] = {0.0f, 0.6f, 1.0f, 1.7f};
+    const int32_t top_ks[] = {0, 1, 5, 50, 1000};
+    const float top_ps[] = {1.0f, 0.9f, 0.5f, 0.05f};
+    const float min_ps[] = {0.0f, 0.05f, 0.3f};
+    const float repetitions[] = {1.0f, 1.3f, 0.8f};
+    std::vector<float> logits((size_t)rows * vocab);
+    std::vector<glmrt_sampling_params> params(rows);
+    std::vector<glmrt_cuda_sample_params> device_params(rows);
+    std::vector<int32_t> history;
+    std::vector<int32_t> history_begin(rows), history_length(rows), prompt_length(rows);
+    for (int32_t r = 0; r < rows; ++r) {
+        float *row = logits.data() + (size_t)r * vocab;
+        int ties = r % 5 == 1;
+        for (int32_t v = 0; v < vocab; ++v) {
+            row[v] = glmrt_test_normal(rng) * 3.0f;
+            if (ties) row[v] = roundf(row[v] * 2.0f) * 0.5f;
+        }
+        if (r % 7 == 3) {
+            row[glmrt_test_below(rng, vocab)] = -INFINITY;
+            row[glmrt_test_below(rng, vocab)] = NAN;
+        }
+        glmrt_sampling_params *p = &params[r];
+        memset(p, 0, sizeof(*p));
+        p->temperature = temperatures[r % 4];
+        p->top_k = top_ks[glmrt_test_below(rng, 5)];
+        p->top_p = top_ps[glmrt_test_below(rng, 4)];
+        p->min_p = min_ps[glmrt_test_below(rng, 3)];
+        p->repetition_penalty = repetitions[glmrt_test_below(rng, 3)];
+        p->frequency_penalty = glmrt_test_below(rng, 2) ? 0.5f : 0.0f;
+        p->presence_penalty = glmrt_test_below(rng, 2) ? 0.7f : 0.0f;
+        p->seed = glmrt_test_next(rng);
+        int32_t length = 1 + glmrt_test_below(rng, 300);
+        int32_t prompt = glmrt_test_below(rng, length + 1);
+        history_begin[r] = (int32_t)history.size();
+        history_length[r] = length;
+        prompt_length[r] = prompt;
+        for (int32_t i = 0; i < length; ++i) history.push_back(glmrt_test_below(rng, 64) * (vocab / 64));
+        glmrt_cuda_sample_params *d = &device_params[r];
+        memset(d, 0, sizeof(*d));
+        d->temperature = p->temperature;
+        d->top_p = p->top_p;
+        d->min_p = p->min_p;
+        d->top_k = p->top_k;
+        d->repetition_penalty = p->repetition_penalty;
+        d->frequency_penalty = p->frequency_penalty;
+        d->presence_penalty = p->presence_penalty;
+        d->uniform = glmrt_sampling_uniform(p->seed, (int64_t)length - prompt);
+        d->history_begin = history_begin[r];
+        d->num_history = length;
+        d->num_prompt = prompt;
+    }
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_cuda_sampler sampler;
+    int ready = glmrt_sampler_alloc(&sampler, rows, vocab, &error);
+    float *d_logits = glmrt_test_upload(logits);
+    glmrt_cuda_sample_params *d_params = glmrt_test_upload(device_params);
+    int32_t *d_history = glmrt_test_upload(history);
+    int32_t *d_tokens = glmrt_test_alloc<int32_t>(rows);
+    glmrt_cuda_sample_args args = {d_logits, rows, d_params, d_history, 1, d_tokens};
+    glmrt_status status = ready ? glmrt_cuda_sample(&sampler, &args, 0, &error) : GLMRT_ERR_BACKEND;
+    std::vector<int32_t> tokens = glmrt_test_download(d_tokens, rows);
+    glmrt_sampler_scratch scratch;
+    glmrt_sampler_scratch_init(&scratch, vocab, &error);
+    long mismatches = status == GLMRT_OK ? 0 : rows;
+    for (int32_t r = 0; r < rows && status == GLMRT_OK; ++r) {
+        glmrt_token ref = glmrt_sample_row(logits.data() + (size_t)r * vocab, vocab, &params[r],
+                                           history.data() + history_begin[r], prompt_length[r], history_length[r],
+                                           &scratch);
+        if (ref != tokens[r]) {
+            mismatches += 1;
+            printf("  row %d (t %.2f k %d p %.2f min_p %.2f rep %.1f): gpu %d cpu %d\n", r, params[r].temperature,
+                   params[r].top_k, params[r].top_p, params[r].min_p, params[r].repetition_penalty, tokens[r], ref);
+        }
+    }
+    int32_t counts_left = 0;
+    std::vector<int32_t> counts = glmrt_test_download(sampler.counts, (size_t)rows * vocab);
+    for (int32_t c : counts) counts_left += c != 0;
+    char what[160];
+    snprintf(what, sizeof(what), "GPU sampler picks the CPU sampler's token on %d rows of %d", rows, vocab);
+    glmrt_test_expect(report, mismatches == 0, what, (double)mismatches, 0);
+    glmrt_test_expect(report, counts_left == 0, "GPU sampler leaves its penalty counts at zero", counts_left, 0);
+    glmrt_sampler_scratch_free(&scratch);
+    glmrt_sampler_release(&sampler);
+    cudaFree(d_logits);
+    cudaFree(d_params);
+    cudaFree(d_history);
+    cudaFree(d_tokens);
+}
+
+int main(void)
+{
+    glmrt_test_report report = {0, 0};
+    glmrt_test_rng rng = {99};
+    const glmrt_route_case cases[] = {
+        {"160 experts top 8", 160, 8, 1, 1, 300, 0.0f},
+        {"64 experts in 8 groups keep 3", 64, 6, 8, 3, 200, 0.0f},
+        {"8 experts top 2 with ties", 8, 2, 1, 1, 100, 0.5f},
+        {"256 experts in 8 groups with ties", 256, 8, 8, 4, 100, 0.25f},
+    };
+    for (const glmrt_route_case &rc : cases) {
+        glmrt_check_route(&report, &rng, &rc);
+    }
+    glmrt_check_sampler(&report, &rng, 2048, 96);
+    glmrt_check_sampler(&report, &rng, 151552, 40);
+    return glmrt_test_finish("test_cuda_moe_sampling", &report);
+}

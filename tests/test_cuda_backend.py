@@ -1,0 +1,288 @@
+import ctypes
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
+from glmrt.bindings import library_path, BACKEND_CUDA
+from glmrt.engine import Engine, SamplingParams
+from glmrt.errors import GlmrtError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUILD_DIR = REPO_ROOT / "build"
+GLM47_CONFIG = REPO_ROOT / "tests" / "data" / "glm-4.7-fp8.config.json"
+WEIGHT_FORMATS = ("bf16", "fp8-channel", "fp8-block")
+PROMPT_LENGTHS = (1, 9, 30, 77, 180)
+NEW_TOKENS = 32
+PREFILL_RELATIVE_L2 = 2e-2
+TIE_MARGIN = 5e-2
+KERNEL_DRIVERS = ("test_cuda_fp8", "test_cuda_gemm", "test_cuda_attention", "test_cuda_moe_sampling")
+ENGINE_OPTIONS = dict(max_batch=16, max_tokens_per_step=256, kv_page_size=16, kv_num_pages=512)
+
+
+def cuda_device_count():
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def cuda_ready():
+    return library_path(BACKEND_CUDA).exists() and cuda_device_count() > 0
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not cuda_ready(), reason="needs an NVIDIA GPU and build/libglmrt_cuda.so")]
+
+
+def device_free_bytes():
+    driver = ctypes.CDLL("libcuda.so.1")
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    status = driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    assert status == 0, f"cuMemGetInfo failed with {status}"
+    return free.value
+
+
+def open_pair(model_dir, **options):
+    settings = dict(ENGINE_OPTIONS)
+    settings.update(options)
+    return Engine(model_dir, backend="cpu", num_threads=2, **settings), Engine(model_dir, backend="cuda", **settings)
+
+
+def prompts_for(engine):
+    return [prompt_of_length(length, engine.vocab_size, seed=length) for length in PROMPT_LENGTHS]
+
+
+def relative_l2(actual, expected):
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+def greedy_with_logits(engine, prompt, count):
+    request = engine.create_request(prompt, greedy(count))
+    tokens, rows = [], []
+    while len(tokens) < count:
+        step_tokens, done, logits = engine.step_with_logits([request])
+        if step_tokens[0] >= 0:
+            tokens.append(step_tokens[0])
+            rows.append(logits[0].copy())
+        if done[0]:
+            break
+    engine.free_request(request)
+    return tokens, rows
+
+
+def first_divergence_margin(reference_tokens, reference_rows, tokens):
+    for index, (expected, actual) in enumerate(zip(reference_tokens, tokens)):
+        if expected != actual:
+            row = reference_rows[index]
+            return index, float(row[expected] - row[actual])
+    return len(tokens), 0.0
+
+
+@pytest.mark.parametrize("driver", KERNEL_DRIVERS)
+def test_cuda_kernel_driver_matches_cpu_references(driver):
+    binary = BUILD_DIR / driver
+    if not binary.exists():
+        pytest.skip(f"{binary} is not built")
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
+def test_cuda_prefill_logits_match_cpu_backend(weight_format):
+    cpu, gpu = open_pair(build_test_model(weight_format))
+    with cpu, gpu:
+        for prompt in prompts_for(cpu):
+            rows = []
+            for engine in (cpu, gpu):
+                request = engine.create_request(prompt, greedy(1))
+                _, _, logits = engine.step_with_logits([request])
+                rows.append(logits[0].copy())
+                engine.free_request(request)
+            error = relative_l2(rows[1], rows[0])
+            print(f"{weight_format} prompt of {len(prompt)}: relative L2 {error:.3e}")
+            assert np.all(np.isfinite(rows[1]))
+            assert error < PREFILL_RELATIVE_L2
+
+
+@pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
+def test_cuda_greedy_tokens_follow_cpu_backend_until_a_near_tie(weight_format):
+    cpu, gpu = open_pair(build_test_model(weight_format))
+    agreed, total = 0, 0
+    with cpu, gpu:
+        for prompt in prompts_for(cpu):
+            cpu_tokens, cpu_rows = greedy_with_logits(cpu, prompt, NEW_TOKENS)
+            gpu_tokens, _ = greedy_with_logits(gpu, prompt, NEW_TOKENS)
+            index, margin = first_divergence_margin(cpu_tokens, cpu_rows, gpu_tokens)
+            agreed += index
+            total += len(cpu_tokens)
+            assert len(gpu_tokens) == len(cpu_tokens)
+            assert margin <= TIE_MARGIN, f"diverged at token {index} where the CPU margin was {margin}"
+    print(f"{weight_format}: {agreed} of {total} greedy tokens agree before any near-tie divergence")
+
+
+@pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
+def test_cuda_greedy_tokens_follow_transformers_until_a_near_tie(weight_format):
+    torch = pytest.importorskip("torch")
+    parity = pytest.importorskip("test_parity_transformers")
+    model_dir = build_test_model(weight_format)
+    model = parity.reference_model(model_dir, weight_format)
+    engine = Engine(model_dir, backend="cuda", **ENGINE_OPTIONS)
+    agreed, total = 0, 0
+    with engine, torch.no_grad():
+        for prompt in prompts_for(engine):
+            ids = torch.tensor([prompt])
+            reference_tokens, reference_rows = [], []
+            for _ in range(NEW_TOKENS):
+                row = model(ids).logits[0, -1].float().numpy()
+                token = int(np.argmax(row))
+                reference_tokens.append(token)
+                reference_rows.append(row)
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            request = engine.create_request(prompt, greedy(NEW_TOKENS))
+            gpu_tokens = run_to_completion(engine, [request])[0]
+            engine.free_request(request)
+            index, margin = first_divergence_margin(reference_tokens, reference_rows, gpu_tokens)
+            agreed += index
+            total += NEW_TOKENS
+            assert margin <= TIE_MARGIN, f"diverged at token {index} where the reference margin was {margin}"
+    print(f"{weight_format}: {agreed} of {total} greedy tokens agree with transformers before any near-tie")
+
+
+@pytest.mark.parametrize("params", [greedy(24), SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7,
+                                                                max_new_tokens=24, ignore_eos=True,
+                                                                repetition_penalty=1.1)])
+def test_cuda_batched_requests_equal_solo_requests(params):
+    model_dir = build_test_model("fp8-channel")
+    with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as engine:
+        prompts = prompts_for(engine) + [prompt_of_length(n, engine.vocab_size, seed=100 + n) for n in (3, 50, 120)]
+        solo = []
+        for prompt in prompts:
+            request = engine.create_request(prompt, params)
+            solo.append(run_to_completion(engine, [request])[0])
+            engine.free_request(request)
+        requests = [engine.create_request(prompt, params) for prompt in prompts]
+        batched = run_to_completion(engine, requests)
+        for request in requests:
+            engine.free_request(request)
+        assert batched == solo
+        stats = engine.stats()
+        assert stats.kv_pages_free == stats.kv_pages_total
+
+
+def churn_step(engine, rng, live, vocab):
+    action = rng.random()
+    if action < 0.3 and len(live) < 12:
+        params = SamplingParams(temperature=rng.choice([0.0, 0.7]), max_new_tokens=rng.randint(1, 40),
+                                seed=rng.randint(0, 1000), ignore_eos=True)
+        try:
+            live.append(engine.create_request(prompt_of_length(rng.randint(1, 90), vocab, rng.randint(0, 10**6)),
+                                              params))
+        except GlmrtError as error:
+            assert error.status_name == "OUT_OF_PAGES"
+    elif action < 0.36 and live:
+        engine.free_request(live.pop(rng.randrange(len(live))))
+    elif action < 0.4 and live:
+        engine.preempt_request(rng.choice(live))
+    if not live:
+        return 0
+    try:
+        _, done = engine.step(live)
+    except GlmrtError as error:
+        assert error.status_name == "OUT_OF_PAGES"
+        engine.preempt_request(live[-1])
+        return 1
+    for request, reason in list(zip(live, done)):
+        if reason:
+            live.remove(request)
+            engine.free_request(request)
+    return 1
+
+
+def test_cuda_churn_returns_every_page_and_keeps_device_memory_flat():
+    steps_wanted = int(os.environ.get("GLMRT_CUDA_CHURN_STEPS", "10000"))
+    rng = random.Random(5)
+    with Engine(build_test_model("bf16"), backend="cuda", max_batch=16, max_tokens_per_step=128, kv_page_size=16,
+                kv_num_pages=96) as engine:
+        live, steps = [], 0
+        warm_free = None
+        while steps < steps_wanted:
+            steps += churn_step(engine, rng, live, engine.vocab_size)
+            if warm_free is None and steps >= 200:
+                warm_free = device_free_bytes()
+            if steps % 1000 == 0:
+                engine.check_invariants()
+        for request in live:
+            engine.free_request(request)
+        engine.check_invariants()
+        stats = engine.stats()
+        assert stats.kv_pages_free == stats.kv_pages_total
+        assert stats.live_requests == 0
+        assert device_free_bytes() == warm_free
+
+
+def random_glm_dir(tmp_path, layers):
+    config = json.loads(GLM47_CONFIG.read_text())
+    config["num_hidden_layers"] = layers
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_cuda_random_weights_run_the_real_glm47_shape(tmp_path):
+    model_dir = random_glm_dir(tmp_path, 4)
+    with Engine(model_dir, backend="cuda", random_weights=True, random_seed=3, max_batch=4, max_tokens_per_step=128,
+                kv_page_size=16, kv_num_pages=0, kv_memory_fraction=0.02) as engine:
+        info = engine.info()
+        config = engine.config
+        assert info.kv_num_pages > 0
+        assert info.kv_bytes_per_page == 4 * 2 * config.num_key_value_heads * 16 * config.head_dim * 2
+        expert_bytes = 3 * config.moe_intermediate_size * config.hidden_size
+        assert info.weight_bytes > config.n_routed_experts * expert_bytes + 2 * config.vocab_size * config.hidden_size * 2
+        requests = [engine.create_request(prompt_of_length(n, config.vocab_size, n), greedy(4)) for n in (1, 70)]
+        outputs = run_to_completion(engine, requests)
+        assert all(len(tokens) == 4 and all(0 <= t < config.vocab_size for t in tokens) for tokens in outputs)
+        request = engine.create_request(prompt_of_length(20, config.vocab_size, 1), greedy(1))
+        _, _, logits = engine.step_with_logits([request])
+        assert np.all(np.isfinite(logits[0]))
+
+
+def test_cuda_engine_reports_a_missing_device_as_an_error():
+    with pytest.raises(GlmrtError) as raised:
+        Engine(build_test_model("bf16"), backend="cuda", device_id=cuda_device_count() + 3, **ENGINE_OPTIONS)
+    assert raised.value.status_name == "INVALID_ARGUMENT"
+    assert "device_id" in raised.value.message
+
+
+def test_cuda_server_streams_the_offline_cuda_engine_tokens(tmp_path):
+    import asyncio
+
+    harness = pytest.importorskip("server_harness")
+    from glmrt.config import load_model_config
+    from glmrt.tokenizer import Tokenizer
+
+    model_dir = harness.build_server_test_model(tmp_path / "model")
+    tokenizer = Tokenizer(model_dir)
+    eos_ids = load_model_config(model_dir).eos_token_ids
+    requests = [{"prompt": "The river by the old mill", "max_tokens": 24, "temperature": 0.0, "seed": 1},
+                {"prompt": "kitchen window morning", "max_tokens": 24, "temperature": 0.8, "top_p": 0.9,
+                 "repetition_penalty": 1.2, "seed": 7}]
+    jobs = [(harness.prompt_ids_for(tokenizer, request), harness.sampling_params_for(request, eos_ids))
+            for request in requests]
+    expected = harness.solo_outputs(model_dir, jobs, backend="cuda")
+    with harness.ServerProcess(tmp_path / "logs", model_dir, backend="cuda", max_batch=8,
+                               max_tokens_per_step=64) as server:
+        for request, tokens in zip(requests, expected):
+            record = asyncio.run(harness.generate(server.ws_url, request))
+            assert record.errors == []
+            assert record.done["status"] == "completed"
+            assert record.token_ids == tokens

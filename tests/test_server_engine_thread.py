@@ -1,0 +1,122 @@
+import asyncio
+
+import pytest
+
+from glmrt.engine import Engine, SamplingParams
+from glmrt.engine_thread import EngineThread, EngineUnavailable, EngineWork, Finish
+from glmrt.metrics import ServerMetrics, parse_metric_samples
+from tests.server_harness import OFFLINE_ENGINE, build_server_test_model, solo_outputs
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_server_test_model(tmp_path_factory.mktemp("engine-thread-model"))
+
+
+async def started_thread(model_dir, **engine_options):
+    settings = dict(OFFLINE_ENGINE)
+    settings.update(engine_options)
+    metrics = ServerMetrics()
+    thread = EngineThread(lambda: Engine(model_dir, **settings), metrics, max_inbox=16)
+    loop = asyncio.get_running_loop()
+    loaded = loop.create_future()
+    stopped = loop.create_future()
+    thread.add_listener(loop, lambda: loaded.set_result(True), lambda: stopped.set_result(True))
+    thread.start()
+    await asyncio.wait_for(loaded, 60)
+    return thread, metrics, stopped
+
+
+def work(work_id, prompt_ids, params):
+    return EngineWork(work_id, prompt_ids, params, asyncio.get_running_loop(),
+                      asyncio.Queue(maxsize=params.max_new_tokens + 2))
+
+
+async def drain(queue):
+    tokens = []
+    while True:
+        item = await asyncio.wait_for(queue.get(), 30)
+        if isinstance(item, Finish):
+            return tokens, item
+        tokens.append(item)
+
+
+def samples_of(metrics):
+    return parse_metric_samples(metrics.render().decode())
+
+
+async def wait_for_pages(metrics, predicate):
+    for _ in range(500):
+        if predicate(samples_of(metrics)["glmrt:kv_pages_used"]):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(samples_of(metrics))
+
+
+async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model_dir):
+    jobs = [([5 + index, 17, 300, 42 + index], SamplingParams(temperature=0.8, max_new_tokens=12, seed=index))
+            for index in range(4)]
+    expected = solo_outputs(model_dir, jobs)
+    thread, metrics, stopped = await started_thread(model_dir)
+    works = [work(index + 1, prompt, params) for index, (prompt, params) in enumerate(jobs)]
+    for item in works:
+        thread.submit(item)
+    results = await asyncio.gather(*(drain(item.queue) for item in works))
+    for (tokens, finish), want in zip(results, expected):
+        assert tokens == want
+        assert finish == Finish("completed", "length")
+    await wait_for_pages(metrics, lambda used: used == 0)
+    thread.stop()
+    await asyncio.wait_for(stopped, 30)
+    assert thread.join(5)
+
+
+async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_rest_incomplete(model_dir):
+    thread, metrics, stopped = await started_thread(model_dir)
+    long_params = SamplingParams(temperature=1.0, max_new_tokens=1500, ignore_eos=True, seed=3)
+    first = work(1, list(range(10, 60)), long_params)
+    second = work(2, list(range(70, 120)), long_params)
+    thread.submit(first)
+    thread.submit(second)
+    await first.queue.get()
+    await second.queue.get()
+    await wait_for_pages(metrics, lambda used: used > 0)
+    thread.cancel(1)
+    tokens, finish = await drain(first.queue)
+    assert finish.status == "cancelled" and len(tokens) < 1499
+    assert samples_of(metrics)["glmrt:num_requests_running"] == 1
+    thread.stop()
+    tokens, finish = await drain(second.queue)
+    assert finish.status == "incomplete"
+    await asyncio.wait_for(stopped, 30)
+    assert samples_of(metrics)["glmrt:kv_pages_used"] == 0
+    assert samples_of(metrics)["glmrt:engine_loaded"] == 0
+    with pytest.raises(EngineUnavailable):
+        thread.submit(work(3, [1, 2, 3], SamplingParams(max_new_tokens=2)))
+
+
+async def test_engine_refusals_reach_the_request_as_failed_with_a_code(model_dir):
+    thread, _, stopped = await started_thread(model_dir, max_context=64)
+    too_long = work(1, list(range(100)), SamplingParams(max_new_tokens=4))
+    thread.submit(too_long)
+    tokens, finish = await drain(too_long.queue)
+    assert tokens == []
+    assert finish.status == "failed" and finish.error_code == "context_length_exceeded" and finish.message
+    thread.stop()
+    await asyncio.wait_for(stopped, 30)
+
+
+async def test_engine_that_fails_to_load_reports_the_error(tmp_path):
+    metrics = ServerMetrics()
+    thread = EngineThread(lambda: Engine(tmp_path / "missing", num_threads=1), metrics, max_inbox=4)
+    loop = asyncio.get_running_loop()
+    loaded = loop.create_future()
+    thread.add_listener(loop, lambda: loaded.set_result(True), lambda: None)
+    thread.start()
+    await asyncio.wait_for(loaded, 30)
+    assert thread.load_error is not None
+    with pytest.raises(EngineUnavailable):
+        thread.submit(work(1, [1], SamplingParams(max_new_tokens=1)))
+    assert thread.join(5)
