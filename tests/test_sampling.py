@@ -6,29 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from glmrt.bindings import SamplingParamsStruct as SamplingParams
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INVALID_ARGUMENT = 1
 MASK64 = (1 << 64) - 1
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 EMPIRICAL_DRAWS = 20_000
 TOTAL_VARIATION_BOUND = 0.02
-
-
-class SamplingParams(ctypes.Structure):
-    _fields_ = [
-        ("temperature", ctypes.c_float),
-        ("top_p", ctypes.c_float),
-        ("min_p", ctypes.c_float),
-        ("repetition_penalty", ctypes.c_float),
-        ("frequency_penalty", ctypes.c_float),
-        ("presence_penalty", ctypes.c_float),
-        ("top_k", ctypes.c_int32),
-        ("max_new_tokens", ctypes.c_int32),
-        ("seed", ctypes.c_uint64),
-        ("ignore_eos", ctypes.c_int32),
-        ("num_stop_token_ids", ctypes.c_int32),
-        ("stop_token_ids", ctypes.POINTER(ctypes.c_int32)),
-    ]
 
 
 def load_library():

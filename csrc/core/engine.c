@@ -50,10 +50,7 @@ static void release_live_requests(glmrt_engine *engine)
     glmrt_request *request = engine->live_head;
     while (request != NULL) {
         glmrt_request *next = request->next;
-        free(request->tokens);
-        free(request->page_table);
-        free(request->stop_token_ids);
-        free(request);
+        glmrt_request_destroy(request);
         request = next;
     }
     engine->live_head = NULL;

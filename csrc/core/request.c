@@ -96,7 +96,7 @@ static glmrt_status copy_stop_tokens(glmrt_engine *engine, glmrt_request *reques
     return GLMRT_OK;
 }
 
-static void request_release_memory(glmrt_request *request)
+void glmrt_request_destroy(glmrt_request *request)
 {
     free(request->tokens);
     free(request->page_table);
@@ -179,7 +179,7 @@ glmrt_status glmrt_request_create(glmrt_engine *engine, const glmrt_token *promp
     }
     status = request_build(engine, prompt_tokens, num_prompt_tokens, params, request);
     if (status != GLMRT_OK) {
-        request_release_memory(request);
+        glmrt_request_destroy(request);
         return status;
     }
     request_link(engine, request);
@@ -209,7 +209,7 @@ glmrt_status glmrt_request_free(glmrt_engine *engine, glmrt_request *request)
     }
     status = request_release_pages(engine, request);
     request_unlink(engine, request);
-    request_release_memory(request);
+    glmrt_request_destroy(request);
     return status;
 }
 

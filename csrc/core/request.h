@@ -22,6 +22,8 @@ struct glmrt_request {
     int64_t batch_stamp;
 };
 
+void glmrt_request_destroy(glmrt_request *request);
+
 static inline int32_t glmrt_request_num_generated(const glmrt_request *request)
 {
     return request->num_tokens - request->num_prompt_tokens;

@@ -9,10 +9,6 @@ extern "C" {
 #include "error.h"
 }
 
-#define GLMRT_GEMM_WARPS 8
-#define GLMRT_GEMM_ROWS_PER_WARP 4
-#define GLMRT_GEMM_ROWS_PER_BLOCK (GLMRT_GEMM_WARPS * GLMRT_GEMM_ROWS_PER_WARP)
-
 typedef struct glmrt_cuda_gemm_tile {
     int32_t group;
     int32_t row_begin;

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "cuda_test_support.cuh"
 #include "gemm.cuh"
 
@@ -109,7 +111,7 @@ static glmrt_status glmrt_device_matrix(glmrt_host_matrix *h, uint8_t **d_data, 
 
 static void glmrt_check_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_gemm_case *gc)
 {
-    const int32_t cols = 512 + 128;
+    const int32_t cols = 512 + 96;
     std::vector<int32_t> parts = {96, 40, 40};
     glmrt_host_matrix h = glmrt_make_matrix(rng, gc->format, gc->scale_kind, parts, cols, 1, gc->block);
     uint8_t *d_data;
@@ -153,7 +155,19 @@ static void glmrt_check_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
         std::vector<float> y1 = glmrt_test_download(d_y1, n);
         differing += memcmp(y1.data(), y.data() + (size_t)r * n, (size_t)n * 4) != 0;
     }
-    snprintf(what, sizeof(what), "GEMM %s rows are bitwise equal alone and in a batch of %d", gc->name, m_rows);
+    const int32_t middle_rows = 20;
+    const int32_t middle_first = 9;
+    if (status == GLMRT_OK) {
+        status = glmrt_cuda_gemm_dense(&h.m, d_x + (size_t)middle_first * cols, cols, d_y, n, middle_rows, d_bias, 0,
+                                       0, &error);
+    }
+    std::vector<float> y_middle = glmrt_test_download(d_y, (size_t)middle_rows * n);
+    for (int32_t r = 0; r < middle_rows && status == GLMRT_OK; ++r) {
+        differing += memcmp(y_middle.data() + (size_t)r * n, y.data() + (size_t)(middle_first + r) * n,
+                            (size_t)n * 4) != 0;
+    }
+    snprintf(what, sizeof(what), "GEMM %s rows are bitwise equal alone, in %d and in %d rows", gc->name,
+             middle_rows, m_rows);
     glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
     cudaFree(d_data);
     cudaFree(d_scale);
@@ -240,6 +254,44 @@ static void glmrt_check_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
     cudaFree(d_y);
 }
 
+static void glmrt_check_fp8_patterns(glmrt_test_report *report, glmrt_test_rng *rng)
+{
+    const int32_t patterns = 256;
+    const int32_t cols = 32;
+    std::vector<int32_t> parts = {patterns};
+    glmrt_host_matrix h = glmrt_make_matrix(rng, GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, parts, cols, 1, 0);
+    std::fill(h.data.begin(), h.data.end(), (uint8_t)0);
+    for (int32_t p = 0; p < patterns; ++p) {
+        h.data[(size_t)p * cols + 7] = (uint8_t)p;
+        h.scale[p] = 1.0f;
+    }
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    std::vector<float> x(cols, 0.0f);
+    x[7] = 1.0f;
+    float *d_x = glmrt_test_upload(x);
+    float *d_y = glmrt_test_alloc<float>(patterns);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_gemm_dense(&h.m, d_x, cols, d_y, patterns, 1, nullptr, 0, 0, &error);
+    std::vector<float> y = glmrt_test_download(d_y, patterns);
+    long differing = 0;
+    for (int32_t p = 0; p < patterns; ++p) {
+        if ((p & 0x7f) == 0x7f) {
+            continue;
+        }
+        float expected = glmrt_fp8_e4m3_to_float((uint8_t)p);
+        differing += memcmp(&expected, &y[p], 4) != 0 && !(expected == 0.0f && y[p] == 0.0f);
+    }
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0,
+                      "GEMM decodes every finite FP8 pattern exactly, subnormals included", (double)differing, 0);
+    cudaFree(d_data);
+    cudaFree(d_scale);
+    cudaFree(d_x);
+    cudaFree(d_y);
+}
+
 int main(void)
 {
     glmrt_test_report report = {0, 0};
@@ -255,5 +307,6 @@ int main(void)
         glmrt_check_dense(&report, &rng, &gc);
         glmrt_check_grouped(&report, &rng, &gc);
     }
+    glmrt_check_fp8_patterns(&report, &rng);
     return glmrt_test_finish("test_cuda_gemm", &report);
 }
