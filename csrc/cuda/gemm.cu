@@ -4,7 +4,10 @@
 
 int32_t glmrt_cuda_gemm_tile_rows(int32_t rows_per_group)
 {
-    return glmrt_cuda_gemm_mma_block_rows(rows_per_group);
+    if (rows_per_group <= 16) {
+        return 16;
+    }
+    return rows_per_group <= 64 ? 32 : GLMRT_GEMM_MMA_MAX_TILE_ROWS;
 }
 
 glmrt_status glmrt_cuda_gemm_check_matrix(const glmrt_cuda_matrix *w, const char *role, glmrt_error *error)

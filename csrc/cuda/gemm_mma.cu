@@ -4,166 +4,7 @@
 #include "device_math.cuh"
 #include "gemm_kernels.cuh"
 #include "gemm_mma_ops.cuh"
-
-#define GLMRT_MMA_K_WARPS 4
-#define GLMRT_MMA_NT 4
-#define GLMRT_MMA_CHUNK 32
-#define GLMRT_MMA_BK (GLMRT_MMA_K_WARPS * GLMRT_MMA_CHUNK)
-#define GLMRT_MMA_A_ROW_BYTES 320
-#define GLMRT_MMA_DEFAULT_SHARED 49152
-
-template <int FORMAT, int MT, int WN>
-struct glmrt_mma_shape {
-    static constexpr int threads = 32 * GLMRT_MMA_K_WARPS * WN;
-    static constexpr int weight_bytes = FORMAT == GLMRT_CUDA_FORMAT_FP8 ? 1 : 2;
-    static constexpr int block_m = 16 * MT;
-    static constexpr int block_n = 8 * GLMRT_MMA_NT * WN;
-    static constexpr int b_row_data = GLMRT_MMA_BK * weight_bytes;
-    static constexpr int b_row_bytes = b_row_data + (weight_bytes == 1 ? 32 : 64);
-    static constexpr int b_row_pieces = b_row_data / 16;
-    static constexpr int b_pieces_per_thread = block_n * b_row_pieces / threads;
-    static constexpr int stages = WN == 1 ? 6 : 4;
-    static constexpr int b_stage_bytes = block_n * b_row_bytes;
-    static constexpr int a_bytes = block_m * GLMRT_MMA_A_ROW_BYTES;
-    static constexpr int a_groups_per_row = GLMRT_MMA_BK / 8;
-    static constexpr int a_units_per_thread = block_m * a_groups_per_row / threads;
-    static constexpr int a_rows_per_pass = threads / a_groups_per_row;
-    static constexpr int acc_values = MT * GLMRT_MMA_NT * 4;
-    static constexpr int combine_bytes = (GLMRT_MMA_K_WARPS - 1) * WN * acc_values * 32 * 4;
-    static constexpr int pipeline_bytes = 2 * a_bytes + stages * b_stage_bytes;
-    static constexpr int smem_bytes = pipeline_bytes > combine_bytes ? pipeline_bytes : combine_bytes;
-    static_assert(block_n * b_row_pieces % threads == 0, "weight pieces must spread evenly over the threads");
-    static_assert(block_m * a_groups_per_row % threads == 0, "activation groups must spread evenly over the threads");
-    static_assert(a_units_per_thread <= 4, "activation prefetch must stay within 32 registers");
-};
-
-template <int FORMAT, int MT, int WN>
-struct glmrt_mma_weight_loader {
-    typedef glmrt_mma_shape<FORMAT, MT, WN> shape;
-    const uint8_t *source[shape::b_pieces_per_thread];
-    int32_t target[shape::b_pieces_per_thread];
-    int32_t first_col[shape::b_pieces_per_thread];
-
-    __device__ __forceinline__ void init(const uint8_t *data, int64_t row_bytes, int32_t n_block, int32_t rows)
-    {
-#pragma unroll
-        for (int p = 0; p < shape::b_pieces_per_thread; ++p) {
-            int32_t piece = (int32_t)threadIdx.x + p * shape::threads;
-            int32_t row = piece / shape::b_row_pieces;
-            int32_t part = piece % shape::b_row_pieces;
-            int32_t n = min(n_block + row, rows - 1);
-            source[p] = data + (int64_t)n * row_bytes + part * 16;
-            target[p] = row * shape::b_row_bytes + part * 16;
-            first_col[p] = part * 16 / shape::weight_bytes;
-        }
-    }
-
-    __device__ __forceinline__ void issue(uint8_t *stage, int32_t k_tile, int32_t cols) const
-    {
-        const int32_t k_base = k_tile * GLMRT_MMA_BK;
-#pragma unroll
-        for (int p = 0; p < shape::b_pieces_per_thread; ++p) {
-            if (k_base + first_col[p] < cols) {
-                glmrt_cp_async_16(stage + target[p], source[p] + (int64_t)k_base * shape::weight_bytes);
-            }
-        }
-    }
-};
-
-template <int FORMAT, int MT, int WN>
-struct glmrt_mma_activation_loader {
-    typedef glmrt_mma_shape<FORMAT, MT, WN> shape;
-    const float *source[shape::a_units_per_thread];
-    float4 next[shape::a_units_per_thread][2];
-    int32_t offset[shape::a_units_per_thread];
-    int32_t first_col;
-
-    __device__ __forceinline__ void init(const glmrt_cuda_gemm_args &args, int32_t row_begin, int32_t count)
-    {
-        const int32_t group_index = (int32_t)threadIdx.x % shape::a_groups_per_row;
-        first_col = group_index * 8;
-#pragma unroll
-        for (int i = 0; i < shape::a_units_per_thread; ++i) {
-            int32_t row = (int32_t)threadIdx.x / shape::a_groups_per_row + i * shape::a_rows_per_pass;
-            offset[i] = row * GLMRT_MMA_A_ROW_BYTES + group_index * 16;
-            source[i] = nullptr;
-            if (row < count) {
-                int64_t source_row = args.x_rows != nullptr ? args.x_rows[row_begin + row] : row_begin + row;
-                source[i] = args.x + source_row * args.x_stride + first_col;
-            }
-        }
-    }
-
-    __device__ __forceinline__ void zero_absent_rows(uint8_t *high, uint8_t *low) const
-    {
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int i = 0; i < shape::a_units_per_thread; ++i) {
-            if (source[i] == nullptr) {
-                *reinterpret_cast<uint4 *>(high + offset[i]) = zero;
-                *reinterpret_cast<uint4 *>(low + offset[i]) = zero;
-            }
-        }
-    }
-
-    __device__ __forceinline__ void fetch(int32_t k_tile, int32_t cols)
-    {
-        const int32_t k_base = k_tile * GLMRT_MMA_BK;
-#pragma unroll
-        for (int i = 0; i < shape::a_units_per_thread; ++i) {
-            next[i][0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            next[i][1] = next[i][0];
-            if (source[i] != nullptr && k_base + first_col < cols) {
-                const float4 *at = reinterpret_cast<const float4 *>(source[i] + k_base);
-                next[i][0] = __ldg(at);
-                next[i][1] = __ldg(at + 1);
-            }
-        }
-    }
-
-    __device__ __forceinline__ void store(uint8_t *high, uint8_t *low) const
-    {
-#pragma unroll
-        for (int i = 0; i < shape::a_units_per_thread; ++i) {
-            if (source[i] == nullptr) {
-                continue;
-            }
-            const float4 a = next[i][0];
-            const float4 b = next[i][1];
-            uint4 h;
-            uint4 l;
-            if (FORMAT == GLMRT_CUDA_FORMAT_FP8) {
-                glmrt_split_bf16(a.x, a.z, h.x, l.x);
-                glmrt_split_bf16(a.y, a.w, h.y, l.y);
-                glmrt_split_bf16(b.x, b.z, h.z, l.z);
-                glmrt_split_bf16(b.y, b.w, h.w, l.w);
-            } else {
-                glmrt_split_bf16(a.x, a.y, h.x, l.x);
-                glmrt_split_bf16(a.z, a.w, h.y, l.y);
-                glmrt_split_bf16(b.x, b.y, h.z, l.z);
-                glmrt_split_bf16(b.z, b.w, h.w, l.w);
-            }
-            *reinterpret_cast<uint4 *>(high + offset[i]) = h;
-            *reinterpret_cast<uint4 *>(low + offset[i]) = l;
-        }
-    }
-};
-
-template <int FORMAT>
-__device__ __forceinline__ void glmrt_mma_weight_fragment(const uint8_t *row, int k_warp, int t, uint32_t *b)
-{
-    if (FORMAT == GLMRT_CUDA_FORMAT_FP8) {
-        uint2 raw = *reinterpret_cast<const uint2 *>(row + k_warp * GLMRT_MMA_CHUNK + t * 8);
-        glmrt_fp8x4_to_bf16_even_odd(raw.x, b[0], b[1]);
-        glmrt_fp8x4_to_bf16_even_odd(raw.y, b[2], b[3]);
-    } else {
-        uint4 raw = *reinterpret_cast<const uint4 *>(row + (k_warp * GLMRT_MMA_CHUNK + t * 8) * 2);
-        b[0] = raw.x;
-        b[1] = raw.y;
-        b[2] = raw.z;
-        b[3] = raw.w;
-    }
-}
+#include "gemm_mma_tiles.cuh"
 
 __device__ __forceinline__ void glmrt_mma_chunk(float *target, const uint4 &high0, const uint4 &high1,
                                                 const uint4 &low0, const uint4 &low1, const uint32_t *b)
@@ -178,16 +19,15 @@ __device__ __forceinline__ void glmrt_mma_chunk(float *target, const uint4 &high
     glmrt_mma_bf16_16816(target, low_second, b[2], b[3]);
 }
 
-template <int FORMAT, int SCALE, int MT, int WN>
-__global__ void __launch_bounds__(glmrt_mma_shape<FORMAT, MT, WN>::threads)
+template <int FORMAT, int SCALE, int MT, int NT, int WN>
+__global__ void __launch_bounds__(glmrt_mma_shape<FORMAT, MT, NT, WN>::threads)
     glmrt_gemm_mma_kernel(glmrt_cuda_gemm_args args)
 {
-    typedef glmrt_mma_shape<FORMAT, MT, WN> shape;
-    constexpr int NT = GLMRT_MMA_NT;
+    typedef glmrt_mma_shape<FORMAT, MT, NT, WN> shape;
     extern __shared__ __align__(16) uint8_t glmrt_mma_shared[];
     uint8_t *a_high = glmrt_mma_shared;
     uint8_t *a_low = a_high + shape::a_bytes;
-    uint8_t *b_stages = a_low + shape::a_bytes;
+    uint8_t *stages = a_low + shape::a_bytes;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int k_warp = warp % GLMRT_MMA_K_WARPS;
@@ -221,9 +61,9 @@ __global__ void __launch_bounds__(glmrt_mma_shape<FORMAT, MT, WN>::threads)
     const int32_t k_tiles = glmrt_ceil_div(cols, GLMRT_MMA_BK);
     const int32_t warp_n = n_block + n_warp * 8 * NT;
 
-    glmrt_mma_weight_loader<FORMAT, MT, WN> weights;
+    glmrt_mma_weight_loader<FORMAT, MT, NT, WN> weights;
     weights.init(data, (int64_t)cols * shape::weight_bytes, n_block, rows);
-    glmrt_mma_activation_loader<FORMAT, MT, WN> activations;
+    glmrt_mma_activation_loader<FORMAT, MT, NT, WN> activations;
     activations.init(args, row_begin, count);
 
     int32_t scale_row[NT][2];
@@ -253,7 +93,7 @@ __global__ void __launch_bounds__(glmrt_mma_shape<FORMAT, MT, WN>::threads)
 #pragma unroll
     for (int s = 0; s < shape::stages - 1; ++s) {
         if (s < k_tiles) {
-            weights.issue(b_stages + s * shape::b_stage_bytes, s, cols);
+            weights.issue(stages + s * shape::stage_bytes, s, cols);
         }
         glmrt_cp_async_commit();
     }
@@ -266,15 +106,15 @@ __global__ void __launch_bounds__(glmrt_mma_shape<FORMAT, MT, WN>::threads)
         __syncthreads();
         const int32_t ahead = kt + shape::stages - 1;
         if (ahead < k_tiles) {
-            weights.issue(b_stages + (ahead % shape::stages) * shape::b_stage_bytes, ahead, cols);
+            weights.issue(stages + (ahead % shape::stages) * shape::stage_bytes, ahead, cols);
         }
         glmrt_cp_async_commit();
         if (kt + 1 < k_tiles) {
             activations.fetch(kt + 1, cols);
         }
+        const uint8_t *stage = stages + (kt % shape::stages) * shape::stage_bytes;
         const int32_t k0 = kt * GLMRT_MMA_BK + k_warp * GLMRT_MMA_CHUNK;
         if (k0 < cols) {
-            const uint8_t *stage = b_stages + (kt % shape::stages) * shape::b_stage_bytes;
             uint32_t b[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -384,13 +224,13 @@ typedef struct glmrt_mma_launch {
     std::atomic<uint64_t> *configured_devices;
 } glmrt_mma_launch;
 
-template <int FORMAT, int SCALE, int MT, int WN>
+template <int FORMAT, int SCALE, int MT, int NT, int WN>
 static glmrt_mma_launch glmrt_mma_launch_of()
 {
-    typedef glmrt_mma_shape<FORMAT, MT, WN> shape;
+    typedef glmrt_mma_shape<FORMAT, MT, NT, WN> shape;
     static std::atomic<uint64_t> configured_devices(0);
     glmrt_mma_launch launch;
-    launch.kernel = glmrt_gemm_mma_kernel<FORMAT, SCALE, MT, WN>;
+    launch.kernel = glmrt_gemm_mma_kernel<FORMAT, SCALE, MT, NT, WN>;
     launch.block_m = shape::block_m;
     launch.block_n = shape::block_n;
     launch.threads = shape::threads;
@@ -400,39 +240,57 @@ static glmrt_mma_launch glmrt_mma_launch_of()
 }
 
 template <int FORMAT, int SCALE>
-static int glmrt_mma_pick_shape(int32_t mt, int32_t wn, glmrt_mma_launch *launch)
+static int glmrt_mma_pick_shape(int32_t mt, int32_t nt, int32_t wn, glmrt_mma_launch *launch)
 {
-    if (mt == 1 && wn == 1) {
-        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 1, 1>();
-    } else if (mt == 2 && wn == 1) {
-        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 2, 1>();
-    } else if (mt == 4 && wn == 2) {
-        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 4, 2>();
+    if (mt == 1 && nt == 2 && wn == 1) {
+        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 1, 2, 1>();
+    } else if (mt == 1 && nt == 4 && wn == 1) {
+        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 1, 4, 1>();
+    } else if (mt == 2 && nt == 4 && wn == 1) {
+        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 2, 4, 1>();
+    } else if (mt == 2 && nt == 4 && wn == 2) {
+        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 2, 4, 2>();
+    } else if (mt == 4 && nt == 4 && wn == 2) {
+        *launch = glmrt_mma_launch_of<FORMAT, SCALE, 4, 4, 2>();
     } else {
         return 0;
     }
     return 1;
 }
 
-static int glmrt_mma_pick(const glmrt_cuda_matrix *w, int32_t mt, int32_t wn, glmrt_mma_launch *launch)
+static int glmrt_mma_pick(const glmrt_cuda_matrix *w, int32_t mt, int32_t nt, int32_t wn, glmrt_mma_launch *launch)
 {
     if (w->format == GLMRT_CUDA_FORMAT_FP8 && w->scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
-        return glmrt_mma_pick_shape<GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL>(mt, wn, launch);
+        return glmrt_mma_pick_shape<GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL>(mt, nt, wn, launch);
     }
     if (w->format == GLMRT_CUDA_FORMAT_FP8 && w->scale_kind == GLMRT_CUDA_SCALE_BLOCK) {
-        return glmrt_mma_pick_shape<GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_BLOCK>(mt, wn, launch);
+        return glmrt_mma_pick_shape<GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_BLOCK>(mt, nt, wn, launch);
     }
     if (w->format == GLMRT_CUDA_FORMAT_BF16 && w->scale_kind == GLMRT_CUDA_SCALE_NONE) {
-        return glmrt_mma_pick_shape<GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE>(mt, wn, launch);
+        return glmrt_mma_pick_shape<GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE>(mt, nt, wn, launch);
     }
     return 0;
 }
 
+static int64_t glmrt_mma_blocks(int32_t rows, int32_t block_n, int32_t row_tiles)
+{
+    return (int64_t)glmrt_ceil_div(rows, block_n) * row_tiles;
+}
+
+static void glmrt_mma_choose_width(int32_t mt, int32_t rows, int32_t row_tiles, int32_t *nt, int32_t *wn)
+{
+    *nt = 4;
+    *wn = mt == 4 ? 2 : 1;
+    if (mt == 1 && glmrt_mma_blocks(rows, 32, row_tiles) < GLMRT_MMA_WIDE_GRID) {
+        *nt = 2;
+    }
+    if (mt == 2 && glmrt_mma_blocks(rows, 64, row_tiles) >= GLMRT_MMA_WIDE_GRID) {
+        *wn = 2;
+    }
+}
+
 static glmrt_status glmrt_mma_allow_shared(const glmrt_mma_launch *launch, glmrt_error *error)
 {
-    if (launch->smem_bytes <= GLMRT_MMA_DEFAULT_SHARED) {
-        return GLMRT_OK;
-    }
     int device = 0;
     GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
     uint64_t bit = device >= 0 && device < 64 ? 1ull << device : 0ull;
@@ -441,6 +299,8 @@ static glmrt_status glmrt_mma_allow_shared(const glmrt_mma_launch *launch, glmrt
     }
     GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(launch->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                launch->smem_bytes));
+    GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(launch->kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared));
     launch->configured_devices->fetch_or(bit, std::memory_order_release);
     return GLMRT_OK;
 }
@@ -448,16 +308,42 @@ static glmrt_status glmrt_mma_allow_shared(const glmrt_mma_launch *launch, glmrt
 int glmrt_cuda_gemm_mma_supports(const glmrt_cuda_matrix *w)
 {
     glmrt_mma_launch launch;
-    return w->cols % GLMRT_MMA_CHUNK == 0 && glmrt_mma_pick(w, 1, 1, &launch) &&
+    return w->cols % GLMRT_MMA_CHUNK == 0 && glmrt_mma_pick(w, 1, 4, 1, &launch) &&
            (w->scale_kind != GLMRT_CUDA_SCALE_BLOCK || (w->block_cols % GLMRT_MMA_CHUNK == 0 && w->block_rows > 0));
 }
 
-int32_t glmrt_cuda_gemm_mma_block_rows(int32_t num_rows)
+int32_t glmrt_cuda_gemm_mma_block_rows(int32_t tile_rows)
 {
-    if (num_rows <= 16) {
+    if (tile_rows <= 16) {
         return 16;
     }
-    return num_rows <= 32 ? 32 : GLMRT_GEMM_MMA_MAX_TILE_ROWS;
+    return tile_rows <= 32 ? 32 : GLMRT_GEMM_MMA_MAX_TILE_ROWS;
+}
+
+glmrt_status glmrt_cuda_gemm_mma_run_shape(const glmrt_cuda_gemm_args *args, int32_t mt, int32_t nt, int32_t wn,
+                                           int32_t grid_tiles, cudaStream_t stream, glmrt_error *error)
+{
+    if (args->tiles == nullptr) {
+        grid_tiles = glmrt_ceil_div(args->num_rows, 16 * mt);
+    }
+    if (grid_tiles <= 0) {
+        return GLMRT_OK;
+    }
+    glmrt_mma_launch launch;
+    if (!glmrt_mma_pick(&args->w, mt, nt, wn, &launch)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "no tensor-core GEMM for format %d, scale %d in tiles of %dx%d with %d column groups",
+                               args->w.format, args->w.scale_kind, 16 * mt, 8 * nt * wn, wn);
+    }
+    if (((uintptr_t)args->x & 15u) != 0 || args->x_stride % 4 != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "GEMM activations must start on 16 bytes with a row stride that is a multiple of 4");
+    }
+    GLMRT_TRY(glmrt_mma_allow_shared(&launch, error));
+    dim3 grid((unsigned)grid_tiles, (unsigned)glmrt_ceil_div(args->w.rows, launch.block_n));
+    launch.kernel<<<grid, launch.threads, launch.smem_bytes, stream>>>(*args);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_gemm_mma_kernel");
+    return GLMRT_OK;
 }
 
 glmrt_status glmrt_cuda_gemm_mma_run(const glmrt_cuda_gemm_args *args, int32_t tile_rows, int32_t grid_tiles,
@@ -469,24 +355,9 @@ glmrt_status glmrt_cuda_gemm_mma_run(const glmrt_cuda_gemm_args *args, int32_t t
     }
     const int32_t block_rows = glmrt_cuda_gemm_mma_block_rows(tile_rows);
     const int32_t mt = block_rows / 16;
-    if (args->tiles == nullptr) {
-        grid_tiles = glmrt_ceil_div(args->num_rows, block_rows);
-    }
-    if (grid_tiles <= 0) {
-        return GLMRT_OK;
-    }
-    glmrt_mma_launch launch;
-    if (!glmrt_mma_pick(&args->w, mt, mt == 4 ? 2 : 1, &launch)) {
-        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no tensor-core GEMM for format %d, scale %d, %d rows a tile",
-                               args->w.format, args->w.scale_kind, tile_rows);
-    }
-    if (((uintptr_t)args->x & 15u) != 0 || args->x_stride % 4 != 0) {
-        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
-                               "GEMM activations must start on 16 bytes with a row stride that is a multiple of 4");
-    }
-    GLMRT_TRY(glmrt_mma_allow_shared(&launch, error));
-    dim3 grid((unsigned)grid_tiles, (unsigned)glmrt_ceil_div(args->w.rows, launch.block_n));
-    launch.kernel<<<grid, launch.threads, launch.smem_bytes, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_gemm_mma_kernel");
-    return GLMRT_OK;
+    const int32_t row_tiles = args->tiles == nullptr ? glmrt_ceil_div(args->num_rows, block_rows) : grid_tiles;
+    int32_t nt;
+    int32_t wn;
+    glmrt_mma_choose_width(mt, args->w.rows, row_tiles, &nt, &wn);
+    return glmrt_cuda_gemm_mma_run_shape(args, mt, nt, wn, row_tiles, stream, error);
 }

@@ -1,7 +1,7 @@
 #include <algorithm>
 
 #include "cuda_test_support.cuh"
-#include "gemm.cuh"
+#include "gemm_kernels.cuh"
 
 extern "C" {
 #include "fp8.h"
@@ -118,7 +118,7 @@ static void glmrt_check_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     float *d_scale;
     glmrt_device_matrix(&h, &d_data, &d_scale);
     const int32_t n = h.m.rows;
-    const int32_t m_rows = 37;
+    const int32_t m_rows = 77;
     std::vector<float> x((size_t)m_rows * cols);
     std::vector<float> bias(n);
     for (float &v : x) v = glmrt_test_normal(rng);
@@ -169,6 +169,28 @@ static void glmrt_check_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     snprintf(what, sizeof(what), "GEMM %s rows are bitwise equal alone, in %d and in %d rows", gc->name,
              middle_rows, m_rows);
     glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (glmrt_cuda_gemm_mma_supports(&h.m)) {
+        const int32_t shapes[][3] = {{1, 2, 1}, {1, 4, 1}, {2, 4, 1}, {2, 4, 2}, {4, 4, 2}};
+        glmrt_cuda_gemm_args args;
+        memset(&args, 0, sizeof(args));
+        args.x = d_x;
+        args.x_stride = cols;
+        args.y = d_y;
+        args.y_stride = n;
+        args.num_rows = m_rows;
+        args.bias = d_bias;
+        args.w = h.m;
+        long shape_differing = 0;
+        for (const int32_t *shape : shapes) {
+            if (status == GLMRT_OK) {
+                status = glmrt_cuda_gemm_mma_run_shape(&args, shape[0], shape[1], shape[2], 0, 0, &error);
+            }
+            std::vector<float> y_shape = glmrt_test_download(d_y, (size_t)m_rows * n);
+            shape_differing += memcmp(y_shape.data(), y.data(), y.size() * 4) != 0;
+        }
+        snprintf(what, sizeof(what), "GEMM %s rows are bitwise equal in every tensor-core tile shape", gc->name);
+        glmrt_test_expect(report, status == GLMRT_OK && shape_differing == 0, what, (double)shape_differing, 0);
+    }
     cudaFree(d_data);
     cudaFree(d_scale);
     cudaFree(d_x);
