@@ -31,6 +31,8 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transformers-batches", default="1,8,32", help="empty to skip the transformers run")
     parser.add_argument("--transformers-prefill-prompts", type=int, default=2)
+    parser.add_argument("--transformers-prefill-chunk", type=int, default=128,
+                        help="context tokens per transformers forward when filling its cache")
     parser.add_argument("--json", help="write every measurement to this file")
     return parser.parse_args(argv)
 
@@ -185,7 +187,9 @@ def run_transformers(args, torch, config_dict, batches):
         for batch in batches:
             cache = DynamicCache(config=model.config)
             ids = torch.randint(0, vocab, (batch, args.context), device="cuda", generator=generator)
-            out = model(ids, past_key_values=cache, use_cache=True)
+            for begin in range(0, args.context, args.transformers_prefill_chunk):
+                out = model(ids[:, begin:begin + args.transformers_prefill_chunk], past_key_values=cache,
+                            use_cache=True, logits_to_keep=1)
             token = out.logits[:, -1:].argmax(-1)
             times = []
             for step in range(args.warmup_steps + args.decode_steps):
