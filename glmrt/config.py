@@ -145,12 +145,18 @@ def read_dtype(config):
     return name
 
 
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+
 def read_int(config, name, default=None):
     value = config.get(name, default)
     if value is None:
         raise ValueError(f"config.json is missing the required field {name}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
         raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not INT32_MIN <= int(value) <= INT32_MAX:
+        raise ValueError(f"{name} must fit in a signed 32-bit integer, got {value!r}")
     return int(value)
 
 

@@ -96,7 +96,7 @@ class ClientConnection:
     async def _create(self, event):
         try:
             self.runtime.check_admission(event.event_id)
-            prepared = self.runtime.prepare(event.request, event.event_id)
+            prepared = await asyncio.to_thread(self.runtime.prepare, event.request, event.event_id)
             stream = self.runtime.open_response(prepared, event.event_id)
         except ProtocolError as error:
             await self.send_error(error)

@@ -6,6 +6,10 @@ INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
 MAX_SEED = 2**64 - 1
+MAX_INT32 = 2**31 - 1
+MIN_TOP_P = 1e-6
+MIN_REPETITION_PENALTY = 1e-6
+MAX_REPETITION_PENALTY = 1e6
 MESSAGE_ROLES = ("system", "user", "assistant", "observation", "tool")
 CREATE_FIELDS = ("type", "event_id", "request")
 CANCEL_FIELDS = ("type", "event_id", "response_id")
@@ -222,12 +226,13 @@ class FrameReader:
         return GenerationRequest(
             prompt=prompt,
             messages=messages,
-            max_tokens=self.integer(obj, "max_tokens", None, 1),
+            max_tokens=self.integer(obj, "max_tokens", None, 1, MAX_INT32),
             temperature=self.number(obj, "temperature", None, 0.0, 2.0),
-            top_p=self.number(obj, "top_p", None, 0.0, 1.0, low_open=True),
-            top_k=self.integer(obj, "top_k", None, 0),
+            top_p=self.number(obj, "top_p", None, MIN_TOP_P, 1.0),
+            top_k=self.integer(obj, "top_k", None, 0, MAX_INT32),
             min_p=self.number(obj, "min_p", 0.0, 0.0, 1.0),
-            repetition_penalty=self.number(obj, "repetition_penalty", 1.0, 0.0, None, low_open=True),
+            repetition_penalty=self.number(obj, "repetition_penalty", 1.0, MIN_REPETITION_PENALTY,
+                                           MAX_REPETITION_PENALTY),
             frequency_penalty=self.number(obj, "frequency_penalty", 0.0, -2.0, 2.0),
             presence_penalty=self.number(obj, "presence_penalty", 0.0, -2.0, 2.0),
             stop=self.read_stop(obj),
@@ -261,6 +266,10 @@ def parse_client_frame(message, limits):
         frame = json.loads(message)
     except ValueError as exc:
         raise ProtocolError("invalid_json", f"frame is not valid JSON: {exc}") from None
+    try:
+        json.dumps(frame, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError("invalid_json", "frame contains unpaired UTF-16 surrogates") from None
     if not isinstance(frame, dict):
         raise ProtocolError("invalid_type", "frame must be a JSON object")
     reader = FrameReader(limits, None)

@@ -46,6 +46,11 @@ def input_param(request):
     return "request.messages" if request.messages is not None else "request.prompt"
 
 
+
+def longest_token_bytes(tokenizer):
+    vocab = tokenizer.hf_tokenizer.get_vocab()
+    return max((len(token.encode("utf-8")) for token in vocab), default=1) or 1
+
 class ServingRuntime:
     def __init__(self, engine_factory, model_dir, metrics, settings):
         self.model_dir = model_dir
@@ -55,6 +60,7 @@ class ServingRuntime:
                                           max_running=settings.max_concurrent,
                                           watermark_pages=settings.watermark_pages)
         self.tokenizer = None
+        self.max_token_bytes = 1
         self.limits = None
         self.num_active = 0
         self.loaded = False
@@ -83,6 +89,7 @@ class ServingRuntime:
                                         lambda: self._stopped.done() or self._stopped.set_result(None))
         self.engine_thread.start()
         self.tokenizer = await asyncio.to_thread(Tokenizer, self.model_dir)
+        self.max_token_bytes = await asyncio.to_thread(longest_token_bytes, self.tokenizer)
         await loaded
         if self.engine_thread.load_error is not None:
             raise self.engine_thread.load_error
@@ -102,9 +109,26 @@ class ServingRuntime:
             await self._stopped
         await asyncio.to_thread(self.engine_thread.join)
 
-    def encode_input(self, request, event_id):
+    def reject_surely_too_long(self, request, event_id):
         if request.messages is None:
-            return self.tokenizer.encode(request.prompt)
+            text_bytes = len(request.prompt.encode("utf-8"))
+        else:
+            text_bytes = sum(len(str(message.get("content", "")).encode("utf-8")) for message in request.messages)
+        fewest_tokens = text_bytes // self.max_token_bytes
+        if fewest_tokens > self.max_prompt_tokens:
+            raise ProtocolError("context_length_exceeded",
+                                f"the input has {text_bytes} bytes, at least {fewest_tokens} tokens; this server "
+                                f"accepts at most {self.max_prompt_tokens} prompt tokens",
+                                param=input_param(request), event_id=event_id)
+
+    def encode_input(self, request, event_id):
+        self.reject_surely_too_long(request, event_id)
+        if request.messages is None:
+            try:
+                return self.tokenizer.encode(request.prompt)
+            except Exception as exc:
+                raise ProtocolError("invalid_value", f"the prompt cannot be tokenized: {exc}",
+                                    param="request.prompt", event_id=event_id) from None
         try:
             return self.tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True)
         except Exception as exc:

@@ -284,3 +284,10 @@ def test_engine_loads_checkpoints_with_and_without_mtp_layer(tmp_path, weight_fo
         assert engine.info().weight_bytes > 0
     finally:
         engine.close()
+
+
+def test_validator_bounds_the_number_of_json_values_in_a_header(validate_function, tmp_path):
+    header = {"__metadata__": {"padding": [0] * 2_500_000}, "w": entry("F32", [1], 0, 4)}
+    status, message, _ = validate(validate_function, raw_file(tmp_path / "wide.safetensors", header, bytes(4)))
+    assert status == STATUS_FORMAT
+    assert "more than 2000000 values" in message

@@ -238,3 +238,9 @@ def test_generated_test_models_parse_with_their_weight_format(test_model_dir, we
     assert (config.rope_theta, config.partial_rotary_factor) == (1_000_000.0, 0.5)
     assert config.eos_token_ids == [2025, 2032, 2034]
     assert config.temperature == 1.0
+
+
+def test_integers_beyond_32_bits_are_rejected_before_they_reach_the_native_struct(glm47_config):
+    config = dict(glm47_config, max_position_embeddings=2**32 + 100)
+    with pytest.raises(ValueError, match="max_position_embeddings must fit in a signed 32-bit integer"):
+        model_config_from_dicts(config, {})

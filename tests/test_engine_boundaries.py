@@ -138,3 +138,36 @@ def test_freeing_a_request_twice_through_the_library_is_reported(model_dir):
         assert "not a live request" in engine._last_error()
         engine.free_request(request)
         engine.check_invariants()
+
+
+def call_native_step(engine, handles):
+    states = (native.request_p * len(handles))(*handles)
+    tokens = (ctypes.c_int64 * len(handles))()
+    done = (ctypes.c_uint8 * len(handles))()
+    return engine._lib.glmrt_run_batch_decode(engine._handle, states, len(handles), tokens, done)
+
+
+def test_step_rejects_a_freed_request_without_touching_it(model_dir):
+    with open_engine(model_dir) as engine:
+        kept = engine.create_request([1, 2, 3], greedy())
+        freed = engine.create_request([4, 5, 6], greedy())
+        freed_handle = freed.handle
+        engine.free_request(freed)
+        assert call_native_step(engine, [kept.handle, freed_handle]) == 1
+        assert "batch entry 1 is not a live request" in engine._last_error()
+        assert kept.info().num_computed_tokens == 0
+        assert call_native_step(engine, [kept.handle, kept.handle]) == 1
+        assert "appears twice" in engine._last_error()
+        assert call_native_step(engine, [kept.handle]) == 0
+        assert kept.info().num_computed_tokens == 3
+        engine.free_request(kept)
+        engine.check_invariants()
+
+
+def test_step_rejects_a_request_of_another_engine(model_dir):
+    with open_engine(model_dir) as first, open_engine(model_dir) as second:
+        foreign = second.create_request([1, 2, 3], greedy())
+        assert call_native_step(first, [foreign.handle]) == 1
+        assert "not a live request" in first._last_error()
+        assert foreign.info().num_computed_tokens == 0
+        second.free_request(foreign)

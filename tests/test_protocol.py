@@ -166,3 +166,21 @@ def test_server_events_serialise_to_the_documented_shapes():
     assert error == {"type": "error", "response_id": "resp_2",
                      "error": {"type": "server_error", "code": "overloaded", "message": "busy", "param": None,
                                "event_id": "e"}}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("top_k", 2**32 + 1), ("top_k", 2**31), ("max_tokens", 2**31), ("repetition_penalty", 1e300),
+    ("repetition_penalty", 1e-50), ("top_p", 1e-50),
+])
+def test_values_that_would_wrap_or_overflow_in_the_native_structs_are_rejected(field, value):
+    error = parse_error(create_frame(**{field: value}))
+    assert error.code == "invalid_value"
+    assert error.param == f"request.{field}"
+
+
+@pytest.mark.parametrize("raw", ['"a\\ud800b"', '"\\udc00"'])
+def test_unpaired_surrogates_in_a_frame_are_an_invalid_json_error(raw):
+    frame = '{"type":"response.create","event_id":' + raw + ',"request":{"prompt":' + raw + '}}'
+    error = parse_error(frame)
+    assert error.code == "invalid_json"
+    assert "surrogate" in error.message

@@ -162,6 +162,10 @@ BAD_FRAMES = [
      "request.top_p"),
     (json.dumps({"type": "response.create", "request": {"prompt": "x", "top_k": -2}}), "invalid_value",
      "request.top_k"),
+    (json.dumps({"type": "response.create", "request": {"prompt": "x", "top_k": 2**32 + 1}}), "invalid_value",
+     "request.top_k"),
+    (json.dumps({"type": "response.create", "request": {"prompt": "x", "repetition_penalty": 1e300}}),
+     "invalid_value", "request.repetition_penalty"),
     (json.dumps({"type": "response.create", "request": {"prompt": "x", "min_p": 2}}), "invalid_value",
      "request.min_p"),
     (json.dumps({"type": "response.create", "request": {"prompt": "x", "repetition_penalty": 0}}), "invalid_value",
@@ -207,6 +211,18 @@ async def test_each_bad_input_gets_its_specific_error_and_the_socket_still_serve
         await websocket.send(create_frame({"prompt": "still here", "max_tokens": 5, "seed": 1}))
         record = await read_response(websocket, ResponseRecord())
         assert record.done["status"] == "completed" and len(record.token_ids) == 5
+
+
+async def test_unpaired_surrogates_get_an_error_and_the_socket_still_serves(server):
+    async with connect(server.ws_url, compression=None) as websocket:
+        for frame in ('{"type":"response.create","request":{"prompt":"a\\ud800b","max_tokens":3}}',
+                      '{"type":"bogus","event_id":"\\udc00"}'):
+            await websocket.send(frame)
+            event = await receive_event(websocket)
+            assert event["type"] == "error" and event["error"]["code"] == "invalid_json"
+        await websocket.send(create_frame({"prompt": "still here", "max_tokens": 3, "seed": 1}))
+        record = await read_response(websocket, ResponseRecord())
+        assert record.done["status"] == "completed" and len(record.token_ids) == 3
 
 
 async def test_cancel_of_a_finished_response_reports_it_unknown(server):

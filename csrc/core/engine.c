@@ -169,7 +169,6 @@ glmrt_status glmrt_engine_create(const char *model_dir, const glmrt_model_config
     engine->config = *config;
     engine->options = *options;
     engine->next_request_id = 1;
-    engine->next_batch_stamp = 1;
     glmrt_status status = build_engine(engine, model_dir);
     if (status != GLMRT_OK) {
         glmrt_error_copy_out(&engine->error, error_message, error_capacity);

@@ -5,6 +5,7 @@
 #include "kv_pages.h"
 
 typedef struct glmrt_step_scratch {
+    glmrt_request **sorted_states;
     glmrt_token *token_ids;
     glmrt_pos *positions;
     int32_t *token_seq;
@@ -33,7 +34,6 @@ struct glmrt_engine {
     glmrt_request *live_head;
     int32_t num_live;
     int64_t next_request_id;
-    int64_t next_batch_stamp;
     int64_t tokens_processed;
     int64_t tokens_generated;
     int64_t steps;

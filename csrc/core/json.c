@@ -29,6 +29,7 @@ typedef struct json_parser {
     glmrt_json_member *members;
     size_t num_members;
     size_t members_capacity;
+    size_t values_parsed;
 } json_parser;
 
 static void *arena_alloc(glmrt_json_document *document, size_t bytes)
@@ -624,6 +625,11 @@ static glmrt_status parse_value(json_parser *parser, int32_t depth, glmrt_json_v
     skip_whitespace(parser);
     if (!has_byte(parser)) {
         return parser_fail(parser, parser->pos, "unexpected end of input, expected a value");
+    }
+    parser->values_parsed += 1;
+    if (parser->values_parsed > GLMRT_JSON_MAX_VALUES) {
+        return glmrt_error_set(parser->error, GLMRT_ERR_FORMAT, "invalid JSON at byte %zu: more than %d values",
+                               parser->pos, GLMRT_JSON_MAX_VALUES);
     }
     unsigned char c = peek_byte(parser);
     switch (c) {

@@ -7,6 +7,7 @@
 #include "error.h"
 
 #define GLMRT_JSON_MAX_DEPTH 64
+#define GLMRT_JSON_MAX_VALUES 2000000
 
 typedef enum glmrt_json_kind {
     GLMRT_JSON_NULL = 0,

@@ -19,7 +19,6 @@ struct glmrt_request {
     glmrt_sampling_params params;
     glmrt_token *stop_token_ids;
     int32_t finish_reason;
-    int64_t batch_stamp;
 };
 
 void glmrt_request_destroy(glmrt_request *request);

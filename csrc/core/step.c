@@ -1,7 +1,60 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+static int compare_request_addresses(const void *left, const void *right)
+{
+    uintptr_t a = (uintptr_t)*(glmrt_request *const *)left;
+    uintptr_t b = (uintptr_t)*(glmrt_request *const *)right;
+    return a < b ? -1 : (a > b ? 1 : 0);
+}
+
+static int32_t first_entry_not_live(const glmrt_engine *engine, glmrt_request *const *states, int32_t n)
+{
+    for (int32_t i = 0; i < n; ++i) {
+        int live = 0;
+        for (const glmrt_request *request = engine->live_head; request != NULL && !live; request = request->next) {
+            live = request == states[i];
+        }
+        if (!live) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static glmrt_status validate_batch_members(glmrt_engine *engine, glmrt_request *const *states, int32_t n)
+{
+    glmrt_request **sorted = engine->scratch.sorted_states;
+    for (int32_t i = 0; i < n; ++i) {
+        if (states[i] == NULL) {
+            return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "batch entry %d is NULL", i);
+        }
+        sorted[i] = states[i];
+    }
+    qsort(sorted, (size_t)n, sizeof(*sorted), compare_request_addresses);
+    for (int32_t i = 1; i < n; ++i) {
+        if (sorted[i] == sorted[i - 1]) {
+            return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                                   "a request appears twice in the batch");
+        }
+    }
+    int32_t found = 0;
+    for (glmrt_request *request = engine->live_head; request != NULL && found < n; request = request->next) {
+        if (bsearch(&request, sorted, (size_t)n, sizeof(*sorted), compare_request_addresses) != NULL) {
+            found += 1;
+        }
+    }
+    if (found != n) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "batch entry %d is not a live request of this engine (freed, or from another engine)",
+                               first_entry_not_live(engine, states, n));
+    }
+    return GLMRT_OK;
+}
 
 static glmrt_status validate_batch(glmrt_engine *engine, glmrt_request **states, int32_t n, const int64_t *out_tokens,
                                    const uint8_t *out_done, const float *out_logits)
@@ -23,23 +76,7 @@ static glmrt_status validate_batch(glmrt_engine *engine, glmrt_request **states,
     if (out_logits != NULL && engine->scratch.logits == NULL) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT, "engine has no logits scratch");
     }
-    int64_t stamp = engine->next_batch_stamp++;
-    for (int32_t i = 0; i < n; ++i) {
-        glmrt_request *request = states[i];
-        if (request == NULL) {
-            return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "batch entry %d is NULL", i);
-        }
-        if (request->engine != engine) {
-            return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
-                                   "batch entry %d is a request of another engine", i);
-        }
-        if (request->batch_stamp == stamp) {
-            return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
-                                   "request %lld appears twice in the batch (entry %d)", (long long)request->id, i);
-        }
-        request->batch_stamp = stamp;
-    }
-    return GLMRT_OK;
+    return validate_batch_members(engine, states, n);
 }
 
 static int32_t assign_decode_tokens(glmrt_request *const *states, int32_t n, int32_t budget, int32_t *chunk)
