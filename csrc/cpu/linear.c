@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fp8.h"
+#include "number_formats.h"
 
 #define GLMRT_KERNEL_BLOCK 4
 
@@ -93,19 +94,12 @@ static float linear_scale_at(const glmrt_linear *weight, int64_t index)
     return weight->scale_dtype == GLMRT_DTYPE_BF16 ? glmrt_bf16_to_float(bits) : glmrt_f16_to_float(bits);
 }
 
-static inline float bits_to_float(uint32_t bits)
-{
-    float value;
-    memcpy(&value, &bits, sizeof(value));
-    return value;
-}
-
 static void dequant_fp8_span(const uint8_t *src, float scale, int32_t n, float *out)
 {
     const float exponent_shift = 0x1p120f;
     for (int32_t k = 0; k < n; ++k) {
         uint32_t byte = src[k];
-        float magnitude = bits_to_float(((byte & 0x80u) << 24) | ((byte & 0x7fu) << 20));
+        float magnitude = glmrt_bits_to_float(((byte & 0x80u) << 24) | ((byte & 0x7fu) << 20));
         float value = magnitude * exponent_shift * scale;
         out[k] = (byte & 0x7fu) == 0x7fu ? NAN : value;
     }
@@ -116,7 +110,7 @@ static void dequant_bf16_span(const uint8_t *src, int32_t n, float *out)
     for (int32_t k = 0; k < n; ++k) {
         uint16_t bits;
         memcpy(&bits, src + (int64_t)k * 2, sizeof(bits));
-        out[k] = bits_to_float((uint32_t)bits << 16);
+        out[k] = glmrt_bf16_decode(bits);
     }
 }
 

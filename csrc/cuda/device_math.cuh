@@ -6,6 +6,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "number_formats.h"
+
 #define GLMRT_WARP_SIZE 32
 #define GLMRT_FULL_MASK 0xffffffffu
 
@@ -29,73 +31,22 @@ __device__ __forceinline__ float glmrt_warp_max(float value)
 
 __device__ __forceinline__ float glmrt_bf16_bits_to_float(uint16_t bits)
 {
-    return __uint_as_float((uint32_t)bits << 16);
+    return glmrt_bf16_decode(bits);
 }
 
 __device__ __forceinline__ uint16_t glmrt_float_to_bf16_bits(float value)
 {
-    uint32_t bits = __float_as_uint(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return (uint16_t)((bits >> 16) | 0x0040u);
-    }
-    uint32_t lowest_kept = (bits >> 16) & 1u;
-    return (uint16_t)((bits + 0x7fffu + lowest_kept) >> 16);
+    return glmrt_bf16_encode(value);
 }
 
 __device__ __forceinline__ float glmrt_fp8_e4m3_bits_to_float(uint8_t bits)
 {
-    int negative = (bits & 0x80u) != 0;
-    int exponent = (bits >> 3) & 0xf;
-    int mantissa = bits & 0x7;
-    float magnitude;
-    if (exponent == 0xf && mantissa == 0x7) {
-        magnitude = __uint_as_float(0x7fc00000u);
-    } else if (exponent == 0) {
-        magnitude = ldexpf((float)mantissa, -9);
-    } else {
-        magnitude = ldexpf((float)(8 + mantissa), exponent - 10);
-    }
-    return negative ? -magnitude : magnitude;
-}
-
-__device__ __forceinline__ uint8_t glmrt_fp8_e4m3_subnormal_bits(float magnitude)
-{
-    float scaled = magnitude * 512.0f;
-    int whole = (int)scaled;
-    float fraction = scaled - (float)whole;
-    if (fraction > 0.5f || (fraction == 0.5f && (whole & 1))) {
-        whole += 1;
-    }
-    return (uint8_t)whole;
-}
-
-__device__ __forceinline__ uint8_t glmrt_fp8_e4m3_normal_bits(float magnitude)
-{
-    uint32_t bits = __float_as_uint(magnitude);
-    uint32_t lowest_kept = (bits >> 20) & 1u;
-    uint32_t rounded = bits + 0x7ffffu + lowest_kept;
-    int exponent = (int)((rounded >> 23) & 0xffu) - 127;
-    uint32_t mantissa = (rounded >> 20) & 0x7u;
-    if (exponent > 8 || (exponent == 8 && mantissa == 0x7u)) {
-        return 0x7eu;
-    }
-    return (uint8_t)(((uint32_t)(exponent + 7) << 3) | mantissa);
+    return glmrt_e4m3_decode(bits);
 }
 
 __device__ __forceinline__ uint8_t glmrt_float_to_fp8_e4m3_bits(float value)
 {
-    uint8_t sign = (__float_as_uint(value) >> 31) ? 0x80u : 0u;
-    if (isnan(value)) {
-        return (uint8_t)(sign | 0x7fu);
-    }
-    float magnitude = fabsf(value);
-    if (magnitude >= 480.0f) {
-        return (uint8_t)(sign | 0x7eu);
-    }
-    if (magnitude < 0.015625f) {
-        return (uint8_t)(sign | glmrt_fp8_e4m3_subnormal_bits(magnitude));
-    }
-    return (uint8_t)(sign | glmrt_fp8_e4m3_normal_bits(magnitude));
+    return glmrt_e4m3_encode(value);
 }
 
 __device__ __forceinline__ float2 glmrt_fp8x2_to_float2(uint16_t pair)
