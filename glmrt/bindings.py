@@ -151,6 +151,8 @@ SIGNATURES = {
     "glmrt_request_free": (c_status, [engine_p, request_p]),
     "glmrt_request_preempt": (c_status, [engine_p, request_p]),
     "glmrt_request_get_info": (c_status, [engine_p, request_p, ctypes.POINTER(RequestInfoStruct)]),
+    "glmrt_request_get_infos": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32,
+                                           ctypes.POINTER(RequestInfoStruct)]),
     "glmrt_request_get_tokens": (c_status, [engine_p, request_p, ctypes.POINTER(c_token), ctypes.c_int32,
                                             ctypes.POINTER(ctypes.c_int32)]),
     "glmrt_run_batch_decode": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32,

@@ -202,6 +202,7 @@ class Engine:
         self._tokens_out = (ctypes.c_int64 * self.max_batch)()
         self._done_out = (ctypes.c_uint8 * self.max_batch)()
         self._states = (native.request_p * self.max_batch)()
+        self._infos_out = (native.RequestInfoStruct * self.max_batch)()
 
     def __enter__(self):
         return self
@@ -268,6 +269,13 @@ class Engine:
         struct = native.RequestInfoStruct()
         self._check(self._lib.glmrt_request_get_info(self._handle, self._live_handle(request), ctypes.byref(struct)))
         return struct_to_dataclass(struct, RequestInfo)
+
+    def request_infos(self, requests):
+        self._require_open()
+        self._fill_states(requests)
+        count = len(requests)
+        self._check(self._lib.glmrt_request_get_infos(self._handle, self._states, count, self._infos_out))
+        return [struct_to_dataclass(self._infos_out[i], RequestInfo) for i in range(count)]
 
     def request_tokens(self, request):
         info = self.request_info(request)

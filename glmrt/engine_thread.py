@@ -254,7 +254,7 @@ class EngineThread:
             return
         self._metrics.step_duration.observe(time.perf_counter() - started)
         self._metrics.step_batch_size.observe(len(batch))
-        progress = [progress_of(seq.handle.info()) for seq in batch]
+        progress = [progress_of(info) for info in self._engine.request_infos([seq.handle for seq in batch])]
         num_generated = 0
         for output in self.scheduler.update(batch, tokens, finish_codes, progress):
             work = self._works.get(output.seq.seq_id)

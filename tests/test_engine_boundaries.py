@@ -171,3 +171,22 @@ def test_step_rejects_a_request_of_another_engine(model_dir):
         assert "not a live request" in first._last_error()
         assert foreign.info().num_computed_tokens == 0
         second.free_request(foreign)
+
+
+def test_batched_request_infos_equal_the_single_request_infos(model_dir):
+    with open_engine(model_dir) as engine:
+        requests = [engine.create_request(prompt_of_length(n, engine.vocab_size, n), greedy(max_new_tokens=4))
+                    for n in (3, 20, 40)]
+        engine.step(requests)
+        engine.step(requests)
+        assert engine.request_infos(requests) == [request.info() for request in requests]
+        assert engine.request_infos([]) == []
+        gone = requests.pop()
+        gone_handle = gone.handle
+        engine.free_request(gone)
+        states = (native.request_p * 2)(requests[0].handle, gone_handle)
+        infos = (native.RequestInfoStruct * 2)()
+        assert engine._lib.glmrt_request_get_infos(engine._handle, states, 2, infos) == 1
+        assert "not a live request" in engine._last_error()
+        for request in requests:
+            engine.free_request(request)

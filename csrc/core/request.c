@@ -229,6 +229,18 @@ glmrt_status glmrt_request_preempt(glmrt_engine *engine, glmrt_request *request)
     return request_release_pages(engine, request);
 }
 
+static void fill_request_info(const glmrt_request *request, glmrt_request_info *out_info)
+{
+    out_info->request_id = request->id;
+    out_info->num_prompt_tokens = request->num_prompt_tokens;
+    out_info->num_tokens = request->num_tokens;
+    out_info->num_computed_tokens = request->num_computed_tokens;
+    out_info->num_generated_tokens = glmrt_request_num_generated(request);
+    out_info->num_pages = request->num_pages;
+    out_info->max_tokens = request->max_tokens;
+    out_info->finish_reason = request->finish_reason;
+}
+
 glmrt_status glmrt_request_get_info(glmrt_engine *engine, const glmrt_request *request,
                                     glmrt_request_info *out_info)
 {
@@ -242,14 +254,29 @@ glmrt_status glmrt_request_get_info(glmrt_engine *engine, const glmrt_request *r
     if (out_info == NULL) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "request info output is NULL");
     }
-    out_info->request_id = request->id;
-    out_info->num_prompt_tokens = request->num_prompt_tokens;
-    out_info->num_tokens = request->num_tokens;
-    out_info->num_computed_tokens = request->num_computed_tokens;
-    out_info->num_generated_tokens = glmrt_request_num_generated(request);
-    out_info->num_pages = request->num_pages;
-    out_info->max_tokens = request->max_tokens;
-    out_info->finish_reason = request->finish_reason;
+    fill_request_info(request, out_info);
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_request_get_infos(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
+                                     glmrt_request_info *out_infos)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    if (n < 0 || (n > 0 && (requests == NULL || out_infos == NULL))) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "request_get_infos needs %d requests and an output array", n);
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        glmrt_status status = require_live_request(engine, requests[i], "request_get_infos");
+        if (status != GLMRT_OK) {
+            return status;
+        }
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        fill_request_info(requests[i], &out_infos[i]);
+    }
     return GLMRT_OK;
 }
 

@@ -252,7 +252,7 @@ static void glmrt_step_write_samples(const glmrt_step_batch *batch, glmrt_cuda_s
         p->repetition_penalty = sp->repetition_penalty;
         p->frequency_penalty = sp->frequency_penalty;
         p->presence_penalty = sp->presence_penalty;
-        int64_t draw = (int64_t)request->num_tokens - request->num_prompt_tokens;
+        int64_t draw = glmrt_request_num_generated(request);
         p->uniform = sp->temperature != 0.0f ? glmrt_sampling_uniform(sp->seed, draw) : 0.0;
         if (glmrt_params_need_history(sp)) {
             p->history_begin = history_used;

@@ -170,6 +170,8 @@ glmrt_status glmrt_request_free(glmrt_engine *engine, glmrt_request *request);
 glmrt_status glmrt_request_preempt(glmrt_engine *engine, glmrt_request *request);
 glmrt_status glmrt_request_get_info(glmrt_engine *engine, const glmrt_request *request,
                                     glmrt_request_info *out_info);
+glmrt_status glmrt_request_get_infos(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
+                                     glmrt_request_info *out_infos);
 glmrt_status glmrt_request_get_tokens(glmrt_engine *engine, const glmrt_request *request,
                                       glmrt_token *out_tokens, int32_t capacity, int32_t *out_count);
 
