@@ -291,3 +291,16 @@ def test_validator_bounds_the_number_of_json_values_in_a_header(validate_functio
     status, message, _ = validate(validate_function, raw_file(tmp_path / "wide.safetensors", header, bytes(4)))
     assert status == STATUS_FORMAT
     assert "more than 2000000 values" in message
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "fp8-channel"])
+def test_engine_loads_a_checkpoint_whose_mtp_layer_carries_embed_and_head_copies(tmp_path, weight_format):
+    model_dir = small_model(tmp_path, weight_format=weight_format, mtp=True, mtp_copies=True)
+    names = set(index_of(model_dir)["weight_map"])
+    assert "model.layers.2.embed_tokens.weight" in names
+    assert "model.layers.2.shared_head.head.weight" in names
+    engine = open_engine(model_dir)
+    try:
+        assert engine.info().weight_bytes > 0
+    finally:
+        engine.close()

@@ -190,3 +190,39 @@ def test_batched_request_infos_equal_the_single_request_infos(model_dir):
         assert "not a live request" in engine._last_error()
         for request in requests:
             engine.free_request(request)
+
+
+def first_new_token_position(tokens):
+    for index in range(2, len(tokens)):
+        if tokens[index] not in tokens[:index]:
+            return index
+    raise AssertionError("greedy output has no fresh token after position 2")
+
+
+def test_generation_stops_on_a_stop_token_and_by_default_on_the_config_eos_ids(model_dir):
+    import dataclasses
+
+    from glmrt.config import load_model_config
+    from glmrt.engine import SamplingParams
+
+    prompt = prompt_of_length(12, 2048, 21)
+    with open_engine(model_dir) as engine:
+        request = engine.create_request(prompt, greedy(max_new_tokens=10))
+        reference = run_to_completion(engine, [request])[0]
+        engine.free_request(request)
+        position = first_new_token_position(reference)
+        stop_token = reference[position]
+        request = engine.create_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=10,
+                                                               stop_token_ids=[stop_token]))
+        assert run_to_completion(engine, [request])[0] == reference[:position + 1]
+        assert request.info().finish_reason_name == "stop"
+        engine.free_request(request)
+    config = dataclasses.replace(load_model_config(model_dir), eos_token_ids=[stop_token])
+    with open_engine(model_dir, config=config) as engine:
+        request = engine.create_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=10))
+        assert run_to_completion(engine, [request])[0] == reference[:position + 1]
+        assert request.info().finish_reason_name == "stop"
+        ignoring = engine.create_request(prompt, SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True))
+        assert run_to_completion(engine, [ignoring])[0] == reference
+        engine.free_request(request)
+        engine.free_request(ignoring)
