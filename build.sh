@@ -72,5 +72,13 @@ if [ "$with_cuda" = "yes" ]; then
         echo "nvcc is not on PATH: install the CUDA toolkit or pip install nvidia-cuda-nvcc" >&2
         exit 1
     fi
+    if [ "$install_deps" = 1 ]; then
+        cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+        if [ ! -e "requirements-cuda$cuda_major.txt" ]; then
+            echo "nvcc reports CUDA ${cuda_major:-unknown}; requirements-cuda12.txt and requirements-cuda13.txt cover 12 and 13" >&2
+            exit 1
+        fi
+        python3 -m pip install -q -r "requirements-cuda$cuda_major.txt"
+    fi
     GLMRT_MARCH="$march" bash build_cuda.sh "$variant" "$cuda_archs" "$cuda_compile_only"
 fi

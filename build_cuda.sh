@@ -58,7 +58,37 @@ if [ -z "$gencode" ]; then
     exit 1
 fi
 
-include_flags="-Icsrc/include -Icsrc/core -Icsrc/cpu -Icsrc/cuda"
+find_nccl() {
+    local candidates=""
+    if [ -n "${NCCL_HOME:-}" ]; then
+        candidates="$NCCL_HOME"
+    fi
+    local wheel_dir
+    wheel_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+    candidates="$candidates $wheel_dir $cuda_home /usr /usr/local"
+    for base in $candidates; do
+        [ -e "$base/include/nccl.h" ] || continue
+        for lib_dir in "$base/lib" "$base/lib64" "$base/lib/x86_64-linux-gnu" /usr/lib/x86_64-linux-gnu; do
+            if ls "$lib_dir"/libnccl.so* >/dev/null 2>&1; then
+                nccl_include="$base/include"
+                nccl_lib="$lib_dir"
+                return 0
+            fi
+        done
+    done
+    return 1
+}
+
+nccl_include=""
+nccl_lib=""
+if ! find_nccl; then
+    echo "build_cuda.sh: NCCL not found; pip install -r requirements-cuda12.txt or requirements-cuda13.txt (the NCCL wheel for your CUDA) or set NCCL_HOME" >&2
+    exit 1
+fi
+echo "build_cuda.sh: NCCL from $nccl_include and $nccl_lib"
+nccl_link="-Xlinker $(ls "$nccl_lib"/libnccl.so* | sort | head -1) -Xlinker -rpath=$nccl_lib"
+
+include_flags="-Icsrc/include -Icsrc/core -Icsrc/cpu -Icsrc/cuda -I$nccl_include"
 nv_flags="-std=c++17 $nv_opt $gencode $include_flags -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter"
 cc="${CC:-gcc}"
 cc_flags="-std=c11 -D_GNU_SOURCE -fPIC -pthread -Wall -Wextra -Wno-unused-parameter $include_flags -DGLMRT_WITH_CUDA $cc_opt"
@@ -86,13 +116,6 @@ export nvcc_bin nv_flags obj_dir
 ls csrc/cuda/*.cu | xargs -P "$jobs" -I{} bash -c 'compile_cuda_one "$1"' _ {}
 cuda_objects=$(ls "$obj_dir"/*.o | grep -v '/core_' || true)
 
-nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
-if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/include/nccl.h" ]; then
-    echo "build_cuda.sh: NCCL wheel found at $nccl_dir"
-else
-    echo "build_cuda.sh: no NCCL wheel found (one GPU needs none)"
-fi
-
 if [ "$compile_only" = 1 ]; then
     for driver in tests/native_cuda/*.cu; do
         [ -e "$driver" ] || continue
@@ -109,7 +132,7 @@ for src in csrc/core/*.c csrc/cpu/*.c; do
     core_objects="$core_objects $obj"
 done
 
-link_libs="-L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lpthread -lm"
+link_libs="-L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart_static $nccl_link -ldl -lrt -lpthread -lm"
 g++ -shared $link_extra -o "$out_dir/libglmrt_cuda.so" $core_objects $cuda_objects $link_libs
 
 for driver in tests/native_cuda/*.cu; do

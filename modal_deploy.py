@@ -16,6 +16,7 @@ REPO_IGNORE = [".git", ".venv", "build", "**/__pycache__", "**/*.pyc", ".pytest_
 CUDA_BASE_IMAGE = "nvidia/cuda:12.8.1-devel-ubuntu22.04"
 PYTHON_VERSION = "3.11"
 CUDA_ARCHS = "100a 90a"
+CUDA_REQUIREMENTS = "requirements-cuda12.txt"
 BUILD_COMMAND = f'PATH="/usr/local/cuda/bin:$PATH" bash build.sh release --cuda --cuda-arch "{CUDA_ARCHS}" --march x86-64-v3 --no-deps'
 DOWNLOAD_PACKAGES = ("huggingface_hub==2.4.0", "hf_xet==1.8.0")
 
@@ -62,12 +63,14 @@ def resolve_gpu_spec(value):
 
 GPU_SPEC = resolve_gpu_spec(os.environ.get(GPU_ENV_VAR))
 GPU_TYPE = GPU_SPEC.split(":")[0]
+GPU_COUNT = int(GPU_SPEC.split(":")[1])
 SERVER_EXTRA_ARGS = tuple(shlex.split(os.environ.get(SERVER_ARGS_ENV_VAR, "")))
 
 
 def server_command(python_executable):
-    return [python_executable, "server.py", "--model", MODEL_DIR, "--backend", "cuda", "--host", SERVER_HOST,
-            "--port", str(SERVER_PORT), *SERVER_TUNING_ARGS, *SERVER_EXTRA_ARGS]
+    return [python_executable, "server.py", "--model", MODEL_DIR, "--backend", "cuda",
+            "--num-devices", str(GPU_COUNT), "--host", SERVER_HOST, "--port", str(SERVER_PORT),
+            *SERVER_TUNING_ARGS, *SERVER_EXTRA_ARGS]
 
 
 def container_env():
@@ -83,6 +86,7 @@ image = (
     modal.Image.from_registry(CUDA_BASE_IMAGE, add_python=PYTHON_VERSION)
     .apt_install("build-essential")
     .pip_install_from_requirements(str(REPO_ROOT / "requirements.txt"))
+    .pip_install_from_requirements(str(REPO_ROOT / CUDA_REQUIREMENTS))
     .pip_install(*DOWNLOAD_PACKAGES)
     .env({"PYTHONPATH": REMOTE_REPO_DIR, "HF_XET_HIGH_PERFORMANCE": "1"})
     .add_local_dir(REPO_ROOT, REMOTE_REPO_DIR, copy=True, ignore=REPO_IGNORE)
@@ -120,7 +124,7 @@ def build_check() -> dict:
 def validate() -> dict:
     from glmrt import pipeline
 
-    return pipeline.as_dict(pipeline.validate_checkpoint(MODEL_DIR))
+    return pipeline.as_dict(pipeline.validate_checkpoint(MODEL_DIR, num_devices=GPU_COUNT))
 
 
 def exit_with_server(process):

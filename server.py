@@ -113,8 +113,9 @@ class GlmrtServer:
             print(f"glmrt engine loaded: backend {info.device_name or self.args.backend}, max batch {info.max_batch}, "
                   f"KV pool {info.kv_num_pages} pages of {info.kv_page_size} tokens, context {info.max_context}",
                   flush=True)
-            print(f"glmrt memory plan: weights {gib(info.weight_bytes)}, KV cache {gib(info.kv_cache_bytes)} "
-                  f"({info.kv_bytes_per_page} bytes a page), workspace {gib(info.workspace_bytes)}", flush=True)
+            print(f"glmrt memory plan over {info.num_devices} device(s): weights {gib(info.weight_bytes)}, "
+                  f"KV cache {gib(info.kv_cache_bytes)} ({info.kv_bytes_per_page} bytes a page), "
+                  f"workspace {gib(info.workspace_bytes)}", flush=True)
             engine_gone = asyncio.ensure_future(self.runtime.engine_stopped)
             await asyncio.wait({stopping, engine_gone}, return_when=asyncio.FIRST_COMPLETED)
             if not stopping.done():

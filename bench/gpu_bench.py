@@ -29,6 +29,8 @@ def parse_args(argv):
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--max-tokens-per-step", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-devices", type=int, default=1,
+                        help="GPUs the model is split over; the floor then assumes an even split of the bytes")
     parser.add_argument("--transformers-batches", default="1,8,32", help="empty to skip the transformers run")
     parser.add_argument("--transformers-prefill-prompts", type=int, default=2)
     parser.add_argument("--transformers-prefill-chunk", type=int, default=128,
@@ -119,7 +121,8 @@ def run_ours(args, model_dir, config, batches, bandwidth):
     largest = max(batches)
     new_tokens = len(batches) * (args.warmup_steps + args.decode_steps) + 4
     pages = largest * math.ceil((args.context + new_tokens + 1) / PAGE_SIZE) + 16
-    engine = Engine(model_dir, backend="cuda", random_weights=True, random_seed=args.seed, max_batch=largest,
+    engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True,
+                    random_seed=args.seed, max_batch=largest,
                     max_tokens_per_step=max(args.max_tokens_per_step, largest), kv_page_size=PAGE_SIZE,
                     kv_num_pages=pages)
     info = engine.info()
@@ -134,7 +137,7 @@ def run_ours(args, model_dir, config, batches, bandwidth):
         seconds = time_decode(engine, requests[:batch], args.warmup_steps, args.decode_steps)
         context = requests[0].info().num_tokens
         weight_bytes, kv_bytes = decode_step_bytes(config, batch, context)
-        floor = (weight_bytes + kv_bytes) / bandwidth
+        floor = (weight_bytes + kv_bytes) / (bandwidth * args.num_devices)
         rows.append(dict(batch=batch, context=context, step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
                          weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, floor_ms=floor * 1e3,
                          roofline_fraction=floor / seconds))
@@ -143,7 +146,7 @@ def run_ours(args, model_dir, config, batches, bandwidth):
         engine.free_request(request)
     stats = engine.stats()
     engine.close()
-    return dict(info=dict(device=info.device_name, weight_bytes=info.weight_bytes, kv_cache_bytes=info.kv_cache_bytes,
+    return dict(info=dict(device=info.device_name, num_devices=info.num_devices, weight_bytes=info.weight_bytes, kv_cache_bytes=info.kv_cache_bytes,
                           workspace_bytes=info.workspace_bytes, kv_num_pages=info.kv_num_pages,
                           pages_free_after=stats.kv_pages_free),
                 prefill=dict(tokens=prefill_tokens, seconds=prefill_seconds,
@@ -212,7 +215,7 @@ def run_transformers(args, torch, config_dict, batches):
 
 def print_tables(result):
     ours = result["glmrt"]
-    print(f"device {ours['info']['device']}, copy bandwidth {result['copy_bandwidth'] / 1e12:.2f} TB/s, "
+    print(f"{ours['info']['num_devices']} x {ours['info']['device']}, copy bandwidth {result['copy_bandwidth'] / 1e12:.2f} TB/s, "
           f"{result['layers']} layers ({result['moe_layers']} MoE), weights {ours['info']['weight_bytes'] / 1e9:.1f} GB")
     print(f"prefill: {ours['prefill']['tokens']} tokens in {ours['prefill']['seconds']:.2f} s = "
           f"{ours['prefill']['tokens_per_s']:.0f} tokens/s")

@@ -5,6 +5,8 @@ from pathlib import Path
 GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
+GLMRT_MAX_DEVICES = 16
+GLMRT_ABI_VERSION = 2
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
@@ -64,10 +66,17 @@ class EngineOptionsStruct(ctypes.Structure):
         ("kv_num_pages", ctypes.c_int32),
         ("max_context", ctypes.c_int32),
         ("device_id", ctypes.c_int32),
+        ("num_devices", ctypes.c_int32),
         ("kv_memory_fraction", ctypes.c_float),
         ("random_weights", ctypes.c_int32),
         ("random_seed", ctypes.c_uint64),
     ]
+
+
+class DeviceShareStruct(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "q_head_begin", "q_head_count", "kv_head_begin", "kv_head_count", "expert_begin", "expert_count",
+        "vocab_begin", "vocab_count", "dense_begin", "dense_count", "shared_begin", "shared_count")]
 
 
 class SamplingParamsStruct(ctypes.Structure):
@@ -164,6 +173,8 @@ SIGNATURES = {
                                          ctypes.c_int64]),
     "glmrt_fp8_e4m3_encode": (c_status, [ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_uint8),
                                          ctypes.c_int64]),
+    "glmrt_plan_device_shares": (c_status, [ctypes.POINTER(ModelConfigStruct), ctypes.c_int32,
+                                            ctypes.POINTER(DeviceShareStruct), ctypes.c_char_p, ctypes.c_int32]),
     "glmrt_checkpoint_validate": (c_status, [ctypes.c_char_p, ctypes.POINTER(ModelConfigStruct), ctypes.c_char_p,
                                              ctypes.c_int32]),
     "glmrt_safetensors_validate": (c_status, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
@@ -203,5 +214,12 @@ def load_library(backend=BACKEND_CPU):
         if not path.exists():
             raise FileNotFoundError(f"native library {path} is missing: run `bash build.sh`"
                                     + (" --cuda" if backend == BACKEND_CUDA else ""))
-        _loaded[key] = bind(ctypes.CDLL(key))
+        library = ctypes.CDLL(key)
+        library.glmrt_abi_version.restype = ctypes.c_int32
+        library.glmrt_abi_version.argtypes = []
+        version = library.glmrt_abi_version()
+        if version != GLMRT_ABI_VERSION:
+            raise RuntimeError(f"native library {path} has ABI {version}, this glmrt needs {GLMRT_ABI_VERSION}: "
+                               "rebuild it with `bash build.sh`")
+        _loaded[key] = bind(library)
     return _loaded[key]

@@ -133,6 +133,18 @@ def raise_for_status(status, message):
         raise GlmrtError(status, message)
 
 
+def plan_device_shares(config, num_devices):
+    if not 1 <= num_devices <= native.GLMRT_MAX_DEVICES:
+        raise ValueError(f"num_devices must be in [1, {native.GLMRT_MAX_DEVICES}], got {num_devices}")
+    library = native.load_library(native.BACKEND_CPU)
+    shares = (native.DeviceShareStruct * num_devices)()
+    message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)
+    status = library.glmrt_plan_device_shares(ctypes.byref(native_model_config(config)), num_devices, shares,
+                                              message, len(message))
+    raise_for_status(status, message.value.decode("utf-8", "replace"))
+    return [{name: getattr(share, name) for name, _ in native.DeviceShareStruct._fields_} for share in shares]
+
+
 def validate_checkpoint(model_dir, num_hidden_layers=None):
     config = load_model_config(model_dir, num_hidden_layers=num_hidden_layers)
     library = native.load_library(native.BACKEND_CPU)
@@ -166,7 +178,7 @@ class Request:
 
 class Engine:
     def __init__(self, model_dir, backend="cpu", num_threads=0, max_batch=32, max_tokens_per_step=256,
-                 kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, kv_memory_fraction=0.9,
+                 kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
@@ -185,6 +197,7 @@ class Engine:
         options.kv_num_pages = int(kv_num_pages)
         options.max_context = int(max_context)
         options.device_id = int(device_id)
+        options.num_devices = int(num_devices)
         options.kv_memory_fraction = float(kv_memory_fraction)
         options.random_weights = 1 if random_weights else 0
         options.random_seed = int(random_seed)

@@ -58,6 +58,8 @@ class CheckpointReport:
     n_routed_experts: int
     weight_quant: str
     vocab_size: int
+    num_devices: int = 1
+    device_shares: list = field(default_factory=list)
 
 
 @dataclass
@@ -194,9 +196,9 @@ def load_native_library(backend):
         raise PipelineError(f"cannot load {bindings.library_path(backend)}: {error}") from error
 
 
-def validate_checkpoint(model_dir):
+def validate_checkpoint(model_dir, num_devices=1):
     from glmrt import bindings
-    from glmrt.engine import validate_checkpoint as engine_validate_checkpoint
+    from glmrt.engine import plan_device_shares, validate_checkpoint as engine_validate_checkpoint
     from glmrt.errors import GlmrtError
 
     shards = verify_shards(model_dir)
@@ -205,8 +207,12 @@ def validate_checkpoint(model_dir):
         config = engine_validate_checkpoint(str(model_dir))
     except (GlmrtError, ValueError, OSError) as error:
         raise PipelineError(f"checkpoint {model_dir} failed validation: {error}") from error
+    try:
+        shares = plan_device_shares(config, num_devices)
+    except (GlmrtError, ValueError) as error:
+        raise PipelineError(f"checkpoint {model_dir} cannot be split over {num_devices} GPUs: {error}") from error
     return CheckpointReport(shards, config.num_hidden_layers, config.n_routed_experts, config.weight_quant,
-                            config.vocab_size)
+                            config.vocab_size, num_devices, shares)
 
 
 def header_abi_version(repo_root):
@@ -421,6 +427,7 @@ def build_parser():
     verify.add_argument("--model", required=True)
     validate = steps.add_parser("validate", help="verify shards, then the native loader's tensor checks")
     validate.add_argument("--model", required=True)
+    validate.add_argument("--num-devices", type=int, default=1, help="GPUs the server will split the model over")
     build = steps.add_parser("build-check", help="load the native libraries and compare their ABI version")
     build.add_argument("--cuda", action="store_true", help="also load the CUDA library and require a GPU")
     build.add_argument("--cuda-arch", default="", help="architectures the CUDA library must hold, as \"100a 90a\"")
@@ -450,7 +457,7 @@ def run_step(args):
     if args.step == "verify":
         return as_dict(verify_shards(args.model))
     if args.step == "validate":
-        return as_dict(validate_checkpoint(args.model))
+        return as_dict(validate_checkpoint(args.model, args.num_devices))
     if args.step == "build-check":
         return as_dict(check_build(REPO_ROOT, require_cuda=args.cuda, cuda_archs=tuple(args.cuda_arch.split())))
     if args.step == "wait":

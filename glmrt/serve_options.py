@@ -36,7 +36,10 @@ def add_engine_options(parser):
     group.add_argument("--model", default=None,
                        help="checkpoint directory; without it a cached random-weight test model is built and served")
     group.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
-    group.add_argument("--device-id", type=non_negative_int, default=0)
+    group.add_argument("--device-id", type=non_negative_int, default=0, help="first CUDA device the model uses")
+    group.add_argument("--num-devices", type=positive_int, default=1,
+                       help="CUDA devices the model is split over, from --device-id on (attention heads, dense MLP "
+                            "and shared expert columns split; routed experts spread)")
     group.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
                        help="most requests in one engine step")
     group.add_argument("--max-tokens-per-step", type=positive_int, default=256,
@@ -96,7 +99,7 @@ def resolve_serving_limits(args):
 def engine_kwargs(args):
     kwargs = dict(backend=args.backend, num_threads=args.threads, max_batch=args.max_batch,
                   max_tokens_per_step=args.max_tokens_per_step, kv_page_size=args.kv_page_size,
-                  max_context=args.max_context, device_id=args.device_id,
+                  max_context=args.max_context, device_id=args.device_id, num_devices=args.num_devices,
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
                   num_hidden_layers=args.num_layers)
     if args.kv_pages is not None:

@@ -226,3 +226,18 @@ def test_generation_stops_on_a_stop_token_and_by_default_on_the_config_eos_ids(m
         assert run_to_completion(engine, [ignoring])[0] == reference
         engine.free_request(request)
         engine.free_request(ignoring)
+
+
+@pytest.mark.parametrize("num_devices, status, words", [(0, "INVALID_ARGUMENT", "num_devices must be in [1, 16]"),
+                                                        (17, "INVALID_ARGUMENT", "num_devices must be in [1, 16]"),
+                                                        (2, "UNSUPPORTED", "needs the CUDA backend")])
+def test_device_count_outside_what_the_backend_runs_is_an_error(model_dir, num_devices, status, words):
+    with pytest.raises(GlmrtError) as raised:
+        open_engine(model_dir, num_devices=num_devices)
+    assert raised.value.status_name == status
+    assert words in raised.value.message
+
+
+def test_one_device_is_the_default_and_is_reported(model_dir):
+    with open_engine(model_dir) as engine:
+        assert engine.info().num_devices == 1

@@ -76,6 +76,11 @@ def layer_index(layers, command):
     return matches[0]
 
 
+def requirement_layers(layers):
+    return [index for index, layer in enumerate(layers)
+            if "RUN python -m pip install -r /.requirements.txt" in layer.commands]
+
+
 def copied_repository_files(layers):
     local_mounts = [layer.mount for layer in layers if layer.mount is not None and layer.mount.is_local()]
     assert len(local_mounts) == 1
@@ -184,7 +189,16 @@ def test_server_command_is_accepted_by_the_real_server_parser(monkeypatch):
     args = server_parser().parse_args(command[2:])
     assert (args.model, args.backend, args.host, args.port) == ("/weights/GLM-4.7-FP8", "cuda", "0.0.0.0", 8765)
     assert args.max_batch == 256
+    assert args.num_devices == 8
     assert resolve_serving_limits(args)[0] >= max(pipeline.parse_positive_ints(deploy.BENCH_CONCURRENCIES))
+
+
+@pytest.mark.parametrize("spec, count", [("B200:8", 8), ("H200:8", 8), ("H100:8", 8)])
+def test_server_splits_the_model_over_every_gpu_of_the_spec(monkeypatch, spec, count):
+    deploy = load_modal_deploy(monkeypatch, gpu=spec)
+    args = server_parser().parse_args(deploy.server_command("python")[2:])
+    assert deploy.GPU_COUNT == count
+    assert (args.backend, args.num_devices, args.device_id) == ("cuda", count, 0)
 
 
 def test_server_args_from_the_environment_are_appended_and_win(monkeypatch):
@@ -223,7 +237,7 @@ def test_image_is_cuda_devel_with_python_311_and_the_pinned_requirements(deploy)
     assert (int(base.group(1)), int(base.group(2))) >= (12, 8)
     assert any(f"FROM {deploy.CUDA_BASE_IMAGE}" in layer.commands for layer in layers)
     assert deploy.PYTHON_VERSION == "3.11"
-    requirements = layer_index(layers, "RUN python -m pip install -r /.requirements.txt")
+    requirements = requirement_layers(layers)[0]
     packages = layer_index(layers, "RUN python -m pip install " + " ".join(sorted(deploy.DOWNLOAD_PACKAGES)))
     assert requirements < packages
     assert all(re.fullmatch(r"[a-z_]+==[0-9.]+", package) for package in deploy.DOWNLOAD_PACKAGES)
@@ -291,7 +305,7 @@ def test_validate_and_build_steps_run_the_shared_pipeline_code(deploy, monkeypat
     validate_calls = record_calls(monkeypatch, "validate_checkpoint", pipeline.ShardReport("/w", 1, 2, 3))
     build_calls = record_calls(monkeypatch, "check_build", pipeline.BuildReport(1))
     assert deploy.validate.local() == {"model_dir": "/w", "num_shards": 1, "num_tensors": 2, "total_bytes": 3}
-    assert validate_calls == [(("/weights/GLM-4.7-FP8",), {})]
+    assert validate_calls == [(("/weights/GLM-4.7-FP8",), {"num_devices": 8})]
     assert deploy.build_check.local() == {"abi_version": 1, "libraries": {}, "cuda_archs": [], "gpus": []}
     assert build_calls == [((Path("/opt/glmrt"),), {"require_cuda": True, "cuda_archs": ("100a", "90a")})]
 
@@ -315,3 +329,13 @@ def test_modal_cli_offers_the_documented_options(target, options):
     assert result.returncode == 0, result.stderr
     for option in options:
         assert re.search(rf"^\s+{re.escape(option)}\b", result.stdout, re.MULTILINE), option
+
+
+def test_image_installs_the_nccl_wheel_of_its_cuda_major_version(deploy):
+    layers = image_layers(deploy.image)
+    major = re.fullmatch(r"nvidia/cuda:(\d+)\..*", deploy.CUDA_BASE_IMAGE).group(1)
+    pins = (REPO_ROOT / deploy.CUDA_REQUIREMENTS).read_text().split()
+    assert pins == [f"nvidia-nccl-cu{major}==2.32.3"]
+    requirements = requirement_layers(layers)
+    assert len(requirements) == 2
+    assert requirements[-1] < layer_index(layers, f"RUN {deploy.BUILD_COMMAND}")

@@ -195,6 +195,14 @@ def test_validation_accepts_a_complete_fp8_checkpoint(checkpoint):
     assert report.shards == pipeline.verify_shards(checkpoint)
 
 
+def test_validation_plans_the_split_over_the_server_gpus(checkpoint):
+    report = pipeline.validate_checkpoint(checkpoint, num_devices=2)
+    assert report.num_devices == 2
+    assert [share["expert_count"] for share in report.device_shares] == [report.n_routed_experts // 2] * 2
+    with pytest.raises(pipeline.PipelineError, match="cannot be split over 3 GPUs"):
+        pipeline.validate_checkpoint(checkpoint, num_devices=3)
+
+
 def test_validation_names_the_tensor_the_index_places_in_the_wrong_shard(checkpoint):
     mapping = weight_map(checkpoint)
     shard_names = sorted(set(mapping.values()))

@@ -26,6 +26,15 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
     if (o->num_threads < 0 || o->max_context < 0 || o->device_id < 0) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "num_threads, max_context and device_id must be >= 0");
     }
+    if (o->num_devices < 1 || o->num_devices > GLMRT_MAX_DEVICES) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "num_devices must be in [1, %d], got %d",
+                               GLMRT_MAX_DEVICES, o->num_devices);
+    }
+    if (o->num_devices > 1 && o->backend == GLMRT_BACKEND_CPU) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                               "the CPU backend runs on one device; num_devices %d needs the CUDA backend",
+                               o->num_devices);
+    }
     if (!(o->kv_memory_fraction > 0.0f && o->kv_memory_fraction <= 1.0f)) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "kv_memory_fraction must be in (0, 1], got %g",
                                (double)o->kv_memory_fraction);

@@ -40,6 +40,7 @@ void glmrt_engine_options_default(glmrt_engine_options *options)
     options->kv_num_pages = 1024;
     options->max_context = 0;
     options->device_id = 0;
+    options->num_devices = 1;
     options->kv_memory_fraction = 0.9f;
     options->random_weights = 0;
     options->random_seed = 0;

@@ -2,6 +2,7 @@
 #define GLMRT_BACKEND_STATE_CUH
 
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include "attention.cuh"
 #include "device_model.cuh"
@@ -19,6 +20,7 @@ typedef struct glmrt_cuda_dims {
     int32_t hidden;
     int32_t vocab;
     int32_t vocab_local;
+    int32_t has_head;
     int32_t head_dim;
     int32_t num_q_heads;
     int32_t num_kv_heads;
@@ -75,11 +77,14 @@ typedef struct glmrt_cuda_workspace {
 typedef struct glmrt_cuda_state {
     glmrt_engine *engine;
     glmrt_error *error;
+    glmrt_error rank_error;
     int32_t device;
+    int32_t owns_residual;
+    ncclComm_t comm;
     int32_t num_sms;
     cudaStream_t stream;
-    glmrt_cuda_shard_plan plan;
-    glmrt_cuda_shard shard;
+    glmrt_shard_plan plan;
+    glmrt_shard shard;
     glmrt_cuda_dims dims;
     glmrt_cuda_model model;
     uint8_t *weight_memory;
@@ -95,17 +100,20 @@ typedef struct glmrt_cuda_state {
     glmrt_cuda_step_capacity capacity;
     glmrt_cuda_split_policy split_policy;
     int64_t step_input_bytes;
-    uint8_t *host_step_inputs;
     int32_t *host_sampled;
     float rms_eps;
     float attention_scale;
 } glmrt_cuda_state;
 
-glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_cuda_shard *shard, glmrt_cuda_dims *d,
+glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_shard *shard, glmrt_cuda_dims *d,
                                     glmrt_error *error);
 void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step_capacity *capacity,
                                  size_t sort_bytes, uint8_t *base, glmrt_cuda_workspace *ws, int64_t *out_bytes);
-glmrt_status glmrt_cuda_forward(glmrt_cuda_state *state, const glmrt_step_batch *batch, float *out_logits,
-                                glmrt_token *out_sampled);
+glmrt_status glmrt_cuda_rank_load(glmrt_cuda_state *st);
+glmrt_status glmrt_cuda_rank_page_capacity(glmrt_cuda_state *st, int32_t *out_pages);
+glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages);
+void glmrt_cuda_rank_release(glmrt_cuda_state *st);
+glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *state, const glmrt_cuda_step_counts *counts,
+                                       const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
 
 #endif

@@ -5,6 +5,7 @@
 #include "device_math.cuh"
 #include "moe.cuh"
 #include "ops.cuh"
+#include "rank_reduce.cuh"
 
 typedef struct glmrt_step_context {
     glmrt_cuda_state *state;
@@ -66,8 +67,9 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     GLMRT_TRY(glmrt_cuda_attention_merge_run(step->view.merges, step->counts->num_merges, d->num_q_heads, d->group,
                                              d->num_kv_heads, d->head_dim, ws->partial_out, ws->partial_stats,
                                              ws->attn, d->q_width, step->stream, step->error));
-    return glmrt_cuda_gemm_dense(&layer->o_proj, ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr, 1,
-                                 step->stream, step->error);
+    GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->o_proj, ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr,
+                                    st->owns_residual, step->stream, step->error));
+    return glmrt_cuda_reduce_hidden(st->comm, ws->hidden, (int64_t)t * d->hidden, step->stream, step->error);
 }
 
 static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_cuda_matrix *gate_up,
@@ -170,9 +172,11 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     combine.top_k = d->top_k;
     combine.shared_out = layer->has_shared ? ws->shared_out : nullptr;
     combine.hidden = ws->hidden;
+    combine.add_residual = st->owns_residual;
     combine.num_tokens = t;
     combine.hidden_size = d->hidden;
-    return glmrt_cuda_moe_combine(&combine, step->stream, step->error);
+    GLMRT_TRY(glmrt_cuda_moe_combine(&combine, step->stream, step->error));
+    return glmrt_cuda_reduce_hidden(st->comm, ws->hidden, (int64_t)t * d->hidden, step->stream, step->error);
 }
 
 static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
@@ -187,7 +191,9 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
     if (layer->is_moe) {
         return glmrt_layer_moe(step, layer);
     }
-    return glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, ws->hidden, 1);
+    GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, ws->hidden, st->owns_residual));
+    return glmrt_cuda_reduce_hidden(st->comm, ws->hidden, (int64_t)step->counts->num_tokens * d->hidden, step->stream,
+                                    step->error);
 }
 
 static glmrt_status glmrt_step_head(glmrt_step_context *step)
@@ -210,44 +216,38 @@ static glmrt_status glmrt_step_head(glmrt_step_context *step)
     return glmrt_cuda_sample(&ws->sampler, &sample, step->stream, step->error);
 }
 
-glmrt_status glmrt_cuda_forward(glmrt_cuda_state *st, const glmrt_step_batch *batch, float *out_logits,
-                                glmrt_token *out_sampled)
+glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                       const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled)
 {
     glmrt_error *error = st->error;
-    if (batch == nullptr || batch->num_tokens <= 0) {
-        return GLMRT_OK;
-    }
-    glmrt_cuda_step_counts counts;
-    GLMRT_TRY(glmrt_cuda_step_pack(batch, &st->capacity, &st->split_policy, st->kv.page_size, st->kv_num_pages,
-                                   st->host_step_inputs, &counts, error));
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
-    GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs, st->host_step_inputs, (size_t)counts.bytes,
+    GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs, host_inputs, (size_t)counts->bytes,
                                           cudaMemcpyHostToDevice, st->stream));
     glmrt_step_context step;
     step.state = st;
-    step.counts = &counts;
+    step.counts = counts;
     step.error = error;
     step.stream = st->stream;
-    glmrt_cuda_step_view_at(&counts, st->ws.step_inputs, &step.view);
-    GLMRT_TRY(glmrt_cuda_embed(&st->model.embed, step.view.token_ids, counts.num_tokens, st->ws.hidden, st->stream,
+    glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step.view);
+    GLMRT_TRY(glmrt_cuda_embed(&st->model.embed, step.view.token_ids, counts->num_tokens, st->ws.hidden, st->stream,
                                error));
     for (int32_t i = 0; i < st->dims.num_layers; ++i) {
         GLMRT_TRY(glmrt_layer_run(&step, i));
     }
-    if (counts.num_samples > 0) {
+    int32_t samples = st->dims.has_head ? counts->num_samples : 0;
+    if (samples > 0) {
         GLMRT_TRY(glmrt_step_head(&step));
-        GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->host_sampled, st->ws.sampled,
-                                              (size_t)counts.num_samples * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                              st->stream));
+        GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->host_sampled, st->ws.sampled, (size_t)samples * sizeof(int32_t),
+                                              cudaMemcpyDeviceToHost, st->stream));
         if (out_logits != nullptr) {
             GLMRT_CUDA_TRY(error, cudaMemcpyAsync(out_logits, st->ws.logits,
-                                                  (size_t)counts.num_samples * st->dims.vocab_local * sizeof(float),
+                                                  (size_t)samples * st->dims.vocab_local * sizeof(float),
                                                   cudaMemcpyDeviceToHost, st->stream));
         }
     }
     GLMRT_CUDA_TRY(error, cudaStreamSynchronize(st->stream));
-    if (counts.num_samples > 0) {
-        memcpy(out_sampled, st->host_sampled, (size_t)counts.num_samples * sizeof(int32_t));
+    if (samples > 0 && out_sampled != nullptr) {
+        memcpy(out_sampled, st->host_sampled, (size_t)samples * sizeof(int32_t));
     }
     return GLMRT_OK;
 }

@@ -11,7 +11,7 @@
 typedef struct glmrt_layout_walk {
     const glmrt_engine *engine;
     const glmrt_model_config *config;
-    const glmrt_cuda_shard *shard;
+    const glmrt_shard *shard;
     glmrt_cuda_arena *arena;
     const glmrt_cuda_layout_visitor *visitor;
     glmrt_error *error;
@@ -143,8 +143,9 @@ static glmrt_status glmrt_place_matrix(glmrt_layout_walk *walk, const glmrt_cuda
     return walk->visitor->matrix(walk->visitor->context, spec, m, walk->error);
 }
 
-static glmrt_status glmrt_place_vector(glmrt_layout_walk *walk, const char *role, int32_t layer, int32_t kind,
-                                       const glmrt_vector *source, int32_t length, float *at)
+static glmrt_status glmrt_place_vector_slice(glmrt_layout_walk *walk, const char *role, int32_t layer, int32_t kind,
+                                             const glmrt_vector *source, int32_t source_begin, int32_t length,
+                                             int32_t source_length, float *at)
 {
     if (walk->visitor == nullptr) {
         return GLMRT_OK;
@@ -155,7 +156,15 @@ static glmrt_status glmrt_place_vector(glmrt_layout_walk *walk, const char *role
     spec.kind = kind;
     spec.source = walk->random ? nullptr : source;
     spec.length = length;
+    spec.source_begin = source_begin;
+    spec.source_length = source_length;
     return walk->visitor->vector(walk->visitor->context, &spec, at, walk->error);
+}
+
+static glmrt_status glmrt_place_vector(glmrt_layout_walk *walk, const char *role, int32_t layer, int32_t kind,
+                                       const glmrt_vector *source, int32_t length, float *at)
+{
+    return glmrt_place_vector_slice(walk, role, layer, kind, source, 0, length, length, at);
 }
 
 static float *glmrt_take_vector(glmrt_layout_walk *walk, const char *role, int32_t layer, int32_t kind,
@@ -174,14 +183,28 @@ static void glmrt_spec_init(glmrt_cuda_matrix_spec *spec, const char *role, int3
     spec->role = role;
     spec->layer = layer;
     spec->cols = cols;
+    spec->source_cols = cols;
     spec->num_groups = 1;
+}
+
+static void glmrt_spec_slice_columns(glmrt_cuda_matrix_spec *spec, int32_t col_begin, int32_t source_cols)
+{
+    spec->col_begin = col_begin;
+    spec->source_cols = source_cols;
+}
+
+static void glmrt_spec_add_rows(glmrt_cuda_matrix_spec *spec, const glmrt_linear *part, int32_t row_begin,
+                                int32_t rows)
+{
+    spec->parts[spec->num_parts] = part;
+    spec->part_rows[spec->num_parts] = rows;
+    spec->part_row_begin[spec->num_parts] = row_begin;
+    spec->num_parts += 1;
 }
 
 static void glmrt_spec_add(glmrt_cuda_matrix_spec *spec, const glmrt_linear *part, int32_t rows)
 {
-    spec->parts[spec->num_parts] = part;
-    spec->part_rows[spec->num_parts] = rows;
-    spec->num_parts += 1;
+    glmrt_spec_add_rows(spec, part, 0, rows);
 }
 
 static const glmrt_layer_weights *glmrt_source_layer(const glmrt_layout_walk *walk, int32_t index)
@@ -192,36 +215,48 @@ static const glmrt_layer_weights *glmrt_source_layer(const glmrt_layout_walk *wa
     return &walk->engine->weights.layers[index];
 }
 
+static glmrt_status glmrt_layout_qkv_bias(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
+                                          glmrt_cuda_layer *layer)
+{
+    const glmrt_model_config *c = walk->config;
+    int32_t hd = c->head_dim;
+    int32_t q_begin = walk->shard->q_heads.begin * hd;
+    int32_t q_rows = walk->shard->q_heads.count * hd;
+    int32_t kv_begin = walk->shard->kv_heads.begin * hd;
+    int32_t kv_rows = walk->shard->kv_heads.count * hd;
+    int32_t q_total = c->num_attention_heads * hd;
+    int32_t kv_total = c->num_key_value_heads * hd;
+    layer->qkv_bias = glmrt_cuda_arena_array<float>(walk->arena, (int64_t)q_rows + 2 * kv_rows);
+    float *base = layer->qkv_bias;
+    GLMRT_TRY(glmrt_place_vector_slice(walk, "self_attn.q_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
+                                       src != nullptr ? &src->q_bias : nullptr, q_begin, q_rows, q_total, base));
+    GLMRT_TRY(glmrt_place_vector_slice(walk, "self_attn.k_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
+                                       src != nullptr ? &src->k_bias : nullptr, kv_begin, kv_rows, kv_total,
+                                       base != nullptr ? base + q_rows : nullptr));
+    return glmrt_place_vector_slice(walk, "self_attn.v_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
+                                    src != nullptr ? &src->v_bias : nullptr, kv_begin, kv_rows, kv_total,
+                                    base != nullptr ? base + q_rows + kv_rows : nullptr);
+}
+
 static glmrt_status glmrt_layout_attention(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
                                            glmrt_cuda_layer *layer)
 {
     const glmrt_model_config *c = walk->config;
     int32_t hd = c->head_dim;
+    int32_t q_begin = walk->shard->q_heads.begin * hd;
     int32_t q_rows = walk->shard->q_heads.count * hd;
+    int32_t kv_begin = walk->shard->kv_heads.begin * hd;
     int32_t kv_rows = walk->shard->kv_heads.count * hd;
     glmrt_cuda_matrix_spec spec;
     glmrt_spec_init(&spec, "self_attn.qkv_proj", index, c->hidden_size);
-    glmrt_spec_add(&spec, src != nullptr ? &src->q_proj : nullptr, q_rows);
-    glmrt_spec_add(&spec, src != nullptr ? &src->k_proj : nullptr, kv_rows);
-    glmrt_spec_add(&spec, src != nullptr ? &src->v_proj : nullptr, kv_rows);
+    glmrt_spec_add_rows(&spec, src != nullptr ? &src->q_proj : nullptr, q_begin, q_rows);
+    glmrt_spec_add_rows(&spec, src != nullptr ? &src->k_proj : nullptr, kv_begin, kv_rows);
+    glmrt_spec_add_rows(&spec, src != nullptr ? &src->v_proj : nullptr, kv_begin, kv_rows);
     GLMRT_TRY(glmrt_place_matrix(walk, &spec, &layer->qkv));
-    glmrt_status status = GLMRT_OK;
     if (c->attention_bias) {
-        layer->qkv_bias = glmrt_cuda_arena_array<float>(walk->arena, (int64_t)q_rows + 2 * kv_rows);
-        float *base = layer->qkv_bias;
-        status = glmrt_place_vector(walk, "self_attn.q_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
-                                    src != nullptr ? &src->q_bias : nullptr, q_rows, base);
-        if (status == GLMRT_OK) {
-            status = glmrt_place_vector(walk, "self_attn.k_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
-                                        src != nullptr ? &src->k_bias : nullptr, kv_rows,
-                                        base != nullptr ? base + q_rows : nullptr);
-        }
-        if (status == GLMRT_OK) {
-            status = glmrt_place_vector(walk, "self_attn.v_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
-                                        src != nullptr ? &src->v_bias : nullptr, kv_rows,
-                                        base != nullptr ? base + q_rows + kv_rows : nullptr);
-        }
+        GLMRT_TRY(glmrt_layout_qkv_bias(walk, index, src, layer));
     }
+    glmrt_status status = GLMRT_OK;
     if (c->use_qk_norm) {
         layer->q_norm = glmrt_take_vector(walk, "self_attn.q_norm.weight", index, GLMRT_CUDA_VECTOR_NORM,
                                           src != nullptr ? &src->q_norm : nullptr, hd, &status);
@@ -230,23 +265,35 @@ static glmrt_status glmrt_layout_attention(glmrt_layout_walk *walk, int32_t inde
     }
     GLMRT_TRY(status);
     glmrt_spec_init(&spec, "self_attn.o_proj", index, q_rows);
+    glmrt_spec_slice_columns(&spec, q_begin, c->num_attention_heads * hd);
     glmrt_spec_add(&spec, src != nullptr ? &src->o_proj : nullptr, c->hidden_size);
     return glmrt_place_matrix(walk, &spec, &layer->o_proj);
+}
+
+static glmrt_status glmrt_layout_gated(glmrt_layout_walk *walk, int32_t index, const char *gate_up_role,
+                                       const char *down_role, const glmrt_linear *gate, const glmrt_linear *up,
+                                       const glmrt_linear *down, const glmrt_shard_range *columns, int32_t total,
+                                       glmrt_cuda_matrix *gate_up_out, glmrt_cuda_matrix *down_out)
+{
+    const glmrt_model_config *c = walk->config;
+    glmrt_cuda_matrix_spec spec;
+    glmrt_spec_init(&spec, gate_up_role, index, c->hidden_size);
+    glmrt_spec_add_rows(&spec, gate, columns->begin, columns->count);
+    glmrt_spec_add_rows(&spec, up, columns->begin, columns->count);
+    GLMRT_TRY(glmrt_place_matrix(walk, &spec, gate_up_out));
+    glmrt_spec_init(&spec, down_role, index, columns->count);
+    glmrt_spec_slice_columns(&spec, columns->begin, total);
+    glmrt_spec_add(&spec, down, c->hidden_size);
+    return glmrt_place_matrix(walk, &spec, down_out);
 }
 
 static glmrt_status glmrt_layout_dense(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
                                        glmrt_cuda_layer *layer)
 {
-    const glmrt_model_config *c = walk->config;
-    int32_t width = walk->shard->dense_columns.count;
-    glmrt_cuda_matrix_spec spec;
-    glmrt_spec_init(&spec, "mlp.gate_up_proj", index, c->hidden_size);
-    glmrt_spec_add(&spec, src != nullptr ? &src->mlp_gate : nullptr, width);
-    glmrt_spec_add(&spec, src != nullptr ? &src->mlp_up : nullptr, width);
-    GLMRT_TRY(glmrt_place_matrix(walk, &spec, &layer->dense_gate_up));
-    glmrt_spec_init(&spec, "mlp.down_proj", index, width);
-    glmrt_spec_add(&spec, src != nullptr ? &src->mlp_down : nullptr, c->hidden_size);
-    return glmrt_place_matrix(walk, &spec, &layer->dense_down);
+    return glmrt_layout_gated(walk, index, "mlp.gate_up_proj", "mlp.down_proj",
+                              src != nullptr ? &src->mlp_gate : nullptr, src != nullptr ? &src->mlp_up : nullptr,
+                              src != nullptr ? &src->mlp_down : nullptr, &walk->shard->dense_columns,
+                              walk->config->intermediate_size, &layer->dense_gate_up, &layer->dense_down);
 }
 
 static glmrt_status glmrt_layout_moe(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
@@ -283,14 +330,11 @@ static glmrt_status glmrt_layout_moe(glmrt_layout_walk *walk, int32_t index, con
     if (!layer->has_shared) {
         return GLMRT_OK;
     }
-    int32_t shared = walk->shard->shared_columns.count;
-    glmrt_spec_init(&spec, "mlp.shared_experts.gate_up_proj", index, hidden);
-    glmrt_spec_add(&spec, src != nullptr ? &src->shared_gate : nullptr, shared);
-    glmrt_spec_add(&spec, src != nullptr ? &src->shared_up : nullptr, shared);
-    GLMRT_TRY(glmrt_place_matrix(walk, &spec, &layer->shared_gate_up));
-    glmrt_spec_init(&spec, "mlp.shared_experts.down_proj", index, shared);
-    glmrt_spec_add(&spec, src != nullptr ? &src->shared_down : nullptr, hidden);
-    return glmrt_place_matrix(walk, &spec, &layer->shared_down);
+    return glmrt_layout_gated(walk, index, "mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj",
+                              src != nullptr ? &src->shared_gate : nullptr, src != nullptr ? &src->shared_up : nullptr,
+                              src != nullptr ? &src->shared_down : nullptr, &walk->shard->shared_columns,
+                              c->moe_intermediate_size * c->n_shared_experts, &layer->shared_gate_up,
+                              &layer->shared_down);
 }
 
 static glmrt_status glmrt_layout_layer(glmrt_layout_walk *walk, int32_t index, glmrt_cuda_layer *layer)
@@ -330,13 +374,18 @@ static glmrt_status glmrt_layout_globals(glmrt_layout_walk *walk, glmrt_cuda_mod
         model->lm_head = model->embed;
         return GLMRT_OK;
     }
+    if (walk->shard->vocab_rows.count == 0) {
+        memset(&model->lm_head, 0, sizeof(model->lm_head));
+        return GLMRT_OK;
+    }
     glmrt_spec_init(&spec, "lm_head", -1, c->hidden_size);
     spec.high_precision_only = 1;
-    glmrt_spec_add(&spec, w != nullptr ? &w->lm_head : nullptr, walk->shard->vocab_rows.count);
+    glmrt_spec_add_rows(&spec, w != nullptr ? &w->lm_head : nullptr, walk->shard->vocab_rows.begin,
+                        walk->shard->vocab_rows.count);
     return glmrt_place_matrix(walk, &spec, &model->lm_head);
 }
 
-glmrt_status glmrt_cuda_model_layout(const glmrt_engine *engine, const glmrt_cuda_shard *shard,
+glmrt_status glmrt_cuda_model_layout(const glmrt_engine *engine, const glmrt_shard *shard,
                                      glmrt_cuda_arena *arena, glmrt_cuda_model *model,
                                      const glmrt_cuda_layout_visitor *visitor, glmrt_error *error)
 {

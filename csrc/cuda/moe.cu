@@ -265,7 +265,7 @@ __global__ void glmrt_combine_kernel(glmrt_cuda_combine_args args)
             }
         }
         float mixed = shared != nullptr ? __fadd_rn(routed, shared[d]) : routed;
-        hidden[d] = __fadd_rn(hidden[d], mixed);
+        hidden[d] = args.add_residual ? __fadd_rn(hidden[d], mixed) : mixed;
     }
 }
 

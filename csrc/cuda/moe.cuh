@@ -45,6 +45,7 @@ typedef struct glmrt_cuda_combine_args {
     int32_t top_k;
     const float *shared_out;
     float *hidden;
+    int32_t add_residual;
     int32_t num_tokens;
     int32_t hidden_size;
 } glmrt_cuda_combine_args;

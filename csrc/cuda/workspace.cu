@@ -24,7 +24,7 @@ static int32_t glmrt_rotary_dim(int32_t head_dim, float factor)
     return dim & ~1;
 }
 
-glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_cuda_shard *shard, glmrt_cuda_dims *d,
+glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_shard *shard, glmrt_cuda_dims *d,
                                     glmrt_error *error)
 {
     const glmrt_model_config *c = &engine->config;
@@ -34,10 +34,11 @@ glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_cuda
     d->hidden = c->hidden_size;
     d->vocab = c->vocab_size;
     d->vocab_local = shard->vocab_rows.count;
+    d->has_head = d->vocab_local > 0;
     d->head_dim = c->head_dim;
     d->num_q_heads = shard->q_heads.count;
     d->num_kv_heads = shard->kv_heads.count;
-    d->group = c->num_attention_heads / c->num_key_value_heads;
+    d->group = shard->kv_heads.count > 0 ? shard->q_heads.count / shard->kv_heads.count : 1;
     d->q_width = d->num_q_heads * d->head_dim;
     d->kv_width = d->num_kv_heads * d->head_dim;
     d->qkv_width = d->q_width + 2 * d->kv_width;

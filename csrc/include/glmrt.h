@@ -7,10 +7,11 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 1
+#define GLMRT_ABI_VERSION 2
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
+#define GLMRT_MAX_DEVICES 16
 
 typedef int32_t glmrt_status;
 typedef int32_t glmrt_token;
@@ -88,10 +89,26 @@ typedef struct glmrt_engine_options {
     int32_t kv_num_pages;
     int32_t max_context;
     int32_t device_id;
+    int32_t num_devices;
     float kv_memory_fraction;
     int32_t random_weights;
     uint64_t random_seed;
 } glmrt_engine_options;
+
+typedef struct glmrt_device_share {
+    int32_t q_head_begin;
+    int32_t q_head_count;
+    int32_t kv_head_begin;
+    int32_t kv_head_count;
+    int32_t expert_begin;
+    int32_t expert_count;
+    int32_t vocab_begin;
+    int32_t vocab_count;
+    int32_t dense_begin;
+    int32_t dense_count;
+    int32_t shared_begin;
+    int32_t shared_count;
+} glmrt_device_share;
 
 typedef struct glmrt_sampling_params {
     float temperature;
@@ -189,6 +206,8 @@ glmrt_status glmrt_sample_logits(const float *logits, int32_t vocab_size, const 
 glmrt_status glmrt_sampling_probabilities(const float *logits, int32_t vocab_size,
                                           const glmrt_sampling_params *params, const glmrt_token *history,
                                           int32_t num_prompt_tokens, int32_t num_history, float *out_probs);
+glmrt_status glmrt_plan_device_shares(const glmrt_model_config *config, int32_t num_devices,
+                                      glmrt_device_share *out_shares, char *error_message, int32_t error_capacity);
 glmrt_status glmrt_checkpoint_validate(const char *model_dir, const glmrt_model_config *config,
                                         char *error_message, int32_t error_capacity);
 glmrt_status glmrt_safetensors_validate(const char *path, char *error_message,

@@ -30,7 +30,7 @@ if [ "${GLMRT_SKIP_PYTEST:-0}" = 1 ]; then
     exit 0
 fi
 PYTHONUNBUFFERED=1 GLMRT_CUDA_CHURN_STEPS="${GLMRT_CUDA_CHURN_STEPS:-2000}" timeout "${GLMRT_PYTEST_SECONDS:-400}" \
-    python3 -m pytest -q -rA -m gpu tests/test_cuda_backend.py -k "${GLMRT_PYTEST_FILTER:-not kernel_driver}" \
+    python3 -m pytest -q -rA -m gpu ${GLMRT_PYTEST_FILES:-tests/test_cuda_backend.py} -k "${GLMRT_PYTEST_FILTER:-not kernel_driver}" \
     -p no:cacheprovider -s > "$out/pytest.log" 2>&1
 echo "pytest rc=$?"
-grep -E "passed|failed|PASSED|FAILED|Error|relative L2|agree|assert" "$out/pytest.log" | head -70
+grep -E "passed|failed|PASSED|FAILED|Error|relative L2|agree|assert" "$out/pytest.log" | head -120

@@ -1,0 +1,387 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_check.cuh"
+#include "rank_group.cuh"
+
+#define GLMRT_RANK_PENDING (-1000)
+#define GLMRT_RANK_ABORT_SECONDS 5
+
+typedef struct glmrt_rank_slot {
+    glmrt_cuda_group *group;
+    int32_t rank;
+} glmrt_rank_slot;
+
+static glmrt_status glmrt_rank_run(glmrt_cuda_group *group, int32_t rank, const glmrt_rank_work *work)
+{
+    glmrt_cuda_state *st = group->ranks[rank];
+    if (work->job == GLMRT_RANK_JOB_LOAD) {
+        return glmrt_cuda_rank_load(st);
+    }
+    if (work->job == GLMRT_RANK_JOB_FORWARD) {
+        return glmrt_cuda_forward_packed(st, work->counts, work->host_inputs, rank == 0 ? work->out_logits : nullptr,
+                                         rank == 0 ? work->out_sampled : nullptr);
+    }
+    return GLMRT_OK;
+}
+
+static void *glmrt_rank_thread(void *arg)
+{
+    glmrt_rank_slot *slot = (glmrt_rank_slot *)arg;
+    glmrt_cuda_group *group = slot->group;
+    int32_t rank = slot->rank;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&group->lock);
+        while (group->generation == seen) {
+            pthread_cond_wait(&group->work_ready, &group->lock);
+        }
+        seen = group->generation;
+        glmrt_rank_work work = group->work;
+        pthread_mutex_unlock(&group->lock);
+        if (work.job == GLMRT_RANK_JOB_STOP) {
+            return nullptr;
+        }
+        glmrt_status status = glmrt_rank_run(group, rank, &work);
+        pthread_mutex_lock(&group->lock);
+        group->rank_status[rank] = status;
+        group->ranks_done += 1;
+        pthread_cond_broadcast(&group->work_done);
+        pthread_mutex_unlock(&group->lock);
+    }
+}
+
+static void glmrt_group_abort_comms(glmrt_cuda_group *group)
+{
+    if (!group->comms_live || group->comms_aborted) {
+        return;
+    }
+    group->comms_aborted = 1;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        if (group->comms[r] != nullptr) {
+            ncclCommAbort(group->comms[r]);
+        }
+    }
+}
+
+static int32_t glmrt_group_first_failure(const glmrt_cuda_group *group)
+{
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_status status = group->rank_status[r];
+        if (status != GLMRT_RANK_PENDING && status != GLMRT_OK) {
+            return r;
+        }
+    }
+    return -1;
+}
+
+static void glmrt_deadline_after(struct timespec *at, int32_t seconds)
+{
+    clock_gettime(CLOCK_REALTIME, at);
+    at->tv_sec += seconds;
+}
+
+static void glmrt_group_wait(glmrt_cuda_group *group)
+{
+    time_t failure_seen = 0;
+    pthread_mutex_lock(&group->lock);
+    while (group->ranks_done < group->num_ranks) {
+        struct timespec deadline;
+        glmrt_deadline_after(&deadline, 1);
+        pthread_cond_timedwait(&group->work_done, &group->lock, &deadline);
+        if (group->ranks_done >= group->num_ranks || glmrt_group_first_failure(group) < 0) {
+            continue;
+        }
+        time_t now = time(nullptr);
+        if (failure_seen == 0) {
+            failure_seen = now;
+        } else if (now - failure_seen >= GLMRT_RANK_ABORT_SECONDS && !group->comms_aborted) {
+            pthread_mutex_unlock(&group->lock);
+            glmrt_group_abort_comms(group);
+            pthread_mutex_lock(&group->lock);
+        }
+    }
+    pthread_mutex_unlock(&group->lock);
+}
+
+static glmrt_status glmrt_group_report(glmrt_cuda_group *group, int32_t rank, glmrt_status status)
+{
+    glmrt_cuda_state *st = group->ranks[rank];
+    if (group->num_ranks == 1) {
+        return status;
+    }
+    return glmrt_error_set(&group->engine->error, status, "GPU %d of %d (device %d): %s", rank, group->num_ranks,
+                           st != nullptr ? st->device : -1, st != nullptr ? st->rank_error.message : "no state");
+}
+
+static glmrt_status glmrt_group_dispatch(glmrt_cuda_group *group, const glmrt_rank_work *work)
+{
+    pthread_mutex_lock(&group->lock);
+    group->work = *work;
+    group->ranks_done = 0;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        group->rank_status[r] = GLMRT_RANK_PENDING;
+    }
+    group->generation += 1;
+    pthread_cond_broadcast(&group->work_ready);
+    pthread_mutex_unlock(&group->lock);
+    glmrt_group_wait(group);
+    int32_t failed = glmrt_group_first_failure(group);
+    if (failed < 0) {
+        return GLMRT_OK;
+    }
+    return glmrt_group_report(group, failed, group->rank_status[failed]);
+}
+
+static glmrt_status glmrt_group_start_threads(glmrt_cuda_group *group)
+{
+    glmrt_error *error = &group->engine->error;
+    if (pthread_mutex_init(&group->lock, nullptr) != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot create the GPU worker lock");
+    }
+    if (pthread_cond_init(&group->work_ready, nullptr) != 0) {
+        pthread_mutex_destroy(&group->lock);
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot create the GPU worker signal");
+    }
+    if (pthread_cond_init(&group->work_done, nullptr) != 0) {
+        pthread_cond_destroy(&group->work_ready);
+        pthread_mutex_destroy(&group->lock);
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot create the GPU worker signal");
+    }
+    group->sync_ready = 1;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_rank_slot *slot = (glmrt_rank_slot *)malloc(sizeof(glmrt_rank_slot));
+        if (slot == nullptr) {
+            return glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY, "cannot allocate a GPU worker");
+        }
+        slot->group = group;
+        slot->rank = r;
+        int result = pthread_create(&group->threads[r], nullptr, glmrt_rank_thread, slot);
+        if (result != 0) {
+            free(slot);
+            return glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot start the worker thread of GPU %d: %s", r,
+                                   strerror(result));
+        }
+        group->slot_memory[r] = slot;
+        group->threads_started += 1;
+    }
+    return GLMRT_OK;
+}
+
+static void glmrt_group_stop_threads(glmrt_cuda_group *group)
+{
+    if (group->threads_started > 0) {
+        pthread_mutex_lock(&group->lock);
+        group->work.job = GLMRT_RANK_JOB_STOP;
+        group->generation += 1;
+        pthread_cond_broadcast(&group->work_ready);
+        pthread_mutex_unlock(&group->lock);
+        for (int32_t r = 0; r < group->threads_started; ++r) {
+            pthread_join(group->threads[r], nullptr);
+            free(group->slot_memory[r]);
+            group->slot_memory[r] = nullptr;
+        }
+        group->threads_started = 0;
+    }
+    if (group->sync_ready) {
+        pthread_cond_destroy(&group->work_done);
+        pthread_cond_destroy(&group->work_ready);
+        pthread_mutex_destroy(&group->lock);
+        group->sync_ready = 0;
+    }
+}
+
+static glmrt_status glmrt_group_load(glmrt_cuda_group *group)
+{
+    if (group->num_ranks == 1) {
+        return glmrt_cuda_rank_load(group->ranks[0]);
+    }
+    GLMRT_TRY(glmrt_group_start_threads(group));
+    glmrt_rank_work work;
+    memset(&work, 0, sizeof(work));
+    work.job = GLMRT_RANK_JOB_LOAD;
+    return glmrt_group_dispatch(group, &work);
+}
+
+static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
+{
+    if (group->num_ranks == 1) {
+        return GLMRT_OK;
+    }
+    int devices[GLMRT_MAX_DEVICES];
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        devices[r] = group->ranks[r]->device;
+    }
+    ncclResult_t result = ncclCommInitAll(group->comms, group->num_ranks, devices);
+    if (result != ncclSuccess) {
+        return glmrt_error_set(&group->engine->error, GLMRT_ERR_BACKEND, "NCCL could not connect %d GPUs from device %d: %s",
+                               group->num_ranks, devices[0], ncclGetErrorString(result));
+    }
+    group->comms_live = 1;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        group->ranks[r]->comm = group->comms[r];
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
+{
+    glmrt_engine *engine = group->engine;
+    int32_t pages = engine->options.kv_num_pages;
+    if (pages <= 0) {
+        for (int32_t r = 0; r < group->num_ranks; ++r) {
+            int32_t rank_pages = 0;
+            glmrt_status status = glmrt_cuda_rank_page_capacity(group->ranks[r], &rank_pages);
+            if (status != GLMRT_OK) {
+                return glmrt_group_report(group, r, status);
+            }
+            if (r == 0 || rank_pages < pages) {
+                pages = rank_pages;
+            }
+        }
+        engine->options.kv_num_pages = pages;
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_status status = glmrt_cuda_rank_allocate(group->ranks[r], pages);
+        if (status != GLMRT_OK) {
+            return glmrt_group_report(group, r, status);
+        }
+    }
+    glmrt_cuda_state *first = group->ranks[0];
+    GLMRT_CUDA_TRY(&engine->error, cudaSetDevice(first->device));
+    GLMRT_CUDA_TRY(&engine->error, cudaHostAlloc((void **)&group->host_step_inputs, (size_t)first->step_input_bytes,
+                                                 cudaHostAllocPortable));
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_group_check_devices(glmrt_cuda_group *group)
+{
+    glmrt_engine *engine = group->engine;
+    int count = 0;
+    GLMRT_CUDA_TRY(&engine->error, cudaGetDeviceCount(&count));
+    int64_t last = (int64_t)engine->options.device_id + group->num_ranks - 1;
+    if (last >= count) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "device_id %d and num_devices %d need devices %d to %lld, but %d visible CUDA devices are numbered from 0",
+                               engine->options.device_id, group->num_ranks, engine->options.device_id,
+                               (long long)last, count);
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_group_build(glmrt_cuda_group *group)
+{
+    glmrt_engine *engine = group->engine;
+    GLMRT_TRY(glmrt_shard_plan_build(&engine->config, group->num_ranks, &group->plan, &engine->error));
+    GLMRT_TRY(glmrt_group_check_devices(group));
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_cuda_state *st = (glmrt_cuda_state *)calloc(1, sizeof(glmrt_cuda_state));
+        if (st == nullptr) {
+            return glmrt_error_set(&engine->error, GLMRT_ERR_OUT_OF_MEMORY, "cannot allocate the state of GPU %d", r);
+        }
+        group->ranks[r] = st;
+        st->engine = engine;
+        st->error = group->num_ranks == 1 ? &engine->error : &st->rank_error;
+        st->shard = group->plan.shards[r];
+        st->device = engine->options.device_id + r;
+    }
+    GLMRT_TRY(glmrt_group_load(group));
+    GLMRT_TRY(glmrt_group_connect(group));
+    return glmrt_group_allocate(group);
+}
+
+void glmrt_cuda_group_destroy(glmrt_cuda_group *group)
+{
+    if (group == nullptr) {
+        return;
+    }
+    glmrt_group_stop_threads(group);
+    if (group->comms_live && !group->comms_aborted) {
+        for (int32_t r = 0; r < group->num_ranks; ++r) {
+            if (group->comms[r] != nullptr) {
+                ncclCommDestroy(group->comms[r]);
+            }
+        }
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        if (st == nullptr) {
+            continue;
+        }
+        if (cudaSetDevice(st->device) == cudaSuccess) {
+            glmrt_cuda_rank_release(st);
+        }
+        cudaGetLastError();
+        free(st);
+    }
+    if (group->host_step_inputs != nullptr) {
+        cudaFreeHost(group->host_step_inputs);
+    }
+    free(group);
+}
+
+glmrt_status glmrt_cuda_group_create(glmrt_engine *engine, glmrt_cuda_group **out)
+{
+    *out = nullptr;
+    glmrt_cuda_group *group = (glmrt_cuda_group *)calloc(1, sizeof(glmrt_cuda_group));
+    if (group == nullptr) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_OUT_OF_MEMORY, "cannot allocate the CUDA backend state");
+    }
+    group->engine = engine;
+    group->num_ranks = engine->options.num_devices > 0 ? engine->options.num_devices : 1;
+    glmrt_status status = glmrt_group_build(group);
+    if (status != GLMRT_OK) {
+        glmrt_cuda_group_destroy(group);
+        return status;
+    }
+    *out = group;
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_group_forward_one(glmrt_cuda_group *group, const glmrt_cuda_step_counts *counts,
+                                            float *out_logits, glmrt_token *out_sampled)
+{
+    glmrt_cuda_state *st = group->ranks[0];
+    glmrt_status status = glmrt_cuda_forward_packed(st, counts, group->host_step_inputs, out_logits, out_sampled);
+    if (status != GLMRT_OK && st->stream != nullptr) {
+        cudaStreamSynchronize(st->stream);
+        cudaGetLastError();
+    }
+    return status;
+}
+
+glmrt_status glmrt_cuda_group_forward(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
+                                      glmrt_token *out_sampled)
+{
+    glmrt_error *error = &group->engine->error;
+    if (group->failed) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND,
+                               "the GPUs fell out of step in an earlier step and the engine must be recreated: %s",
+                               group->failure);
+    }
+    if (batch == nullptr || batch->num_tokens <= 0) {
+        return GLMRT_OK;
+    }
+    glmrt_cuda_state *first = group->ranks[0];
+    glmrt_cuda_step_counts counts;
+    GLMRT_TRY(glmrt_cuda_step_pack(batch, &first->capacity, &first->split_policy, first->kv.page_size,
+                                   first->kv_num_pages, group->host_step_inputs, &counts, error));
+    if (group->num_ranks == 1) {
+        return glmrt_group_forward_one(group, &counts, out_logits, out_sampled);
+    }
+    glmrt_rank_work work;
+    memset(&work, 0, sizeof(work));
+    work.job = GLMRT_RANK_JOB_FORWARD;
+    work.counts = &counts;
+    work.host_inputs = group->host_step_inputs;
+    work.out_logits = out_logits;
+    work.out_sampled = out_sampled;
+    glmrt_status status = glmrt_group_dispatch(group, &work);
+    if (status != GLMRT_OK) {
+        group->failed = 1;
+        snprintf(group->failure, sizeof(group->failure), "%s", error->message);
+    }
+    return status;
+}

@@ -1,0 +1,15 @@
+#include "rank_reduce.cuh"
+
+glmrt_status glmrt_cuda_reduce_hidden(ncclComm_t comm, float *hidden, int64_t count, cudaStream_t stream,
+                                      glmrt_error *error)
+{
+    if (comm == nullptr || count <= 0) {
+        return GLMRT_OK;
+    }
+    ncclResult_t result = ncclAllReduce(hidden, hidden, (size_t)count, ncclFloat, ncclSum, comm, stream);
+    if (result != ncclSuccess) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "ncclAllReduce of %lld floats failed: %s",
+                               (long long)count, ncclGetErrorString(result));
+    }
+    return GLMRT_OK;
+}

@@ -1,0 +1,14 @@
+#ifndef GLMRT_RANK_REDUCE_CUH
+#define GLMRT_RANK_REDUCE_CUH
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+extern "C" {
+#include "error.h"
+}
+
+glmrt_status glmrt_cuda_reduce_hidden(ncclComm_t comm, float *hidden, int64_t count, cudaStream_t stream,
+                                      glmrt_error *error);
+
+#endif
