@@ -60,8 +60,8 @@ static int32_t glmrt_column_unit(const glmrt_model_config *config)
     if (config->weight_quant != GLMRT_QUANT_FP8_BLOCK) {
         return GLMRT_SHARD_COLUMN_STEP;
     }
-    int32_t rows = config->weight_block_rows > 0 ? config->weight_block_rows : 1;
-    int32_t cols = config->weight_block_cols > 0 ? config->weight_block_cols : 1;
+    int32_t rows = config->weight_block_rows > 0 ? config->weight_block_rows : GLMRT_SHARD_DEFAULT_BLOCK;
+    int32_t cols = config->weight_block_cols > 0 ? config->weight_block_cols : GLMRT_SHARD_DEFAULT_BLOCK;
     return glmrt_lcm(glmrt_lcm(rows, cols), GLMRT_SHARD_COLUMN_STEP);
 }
 
@@ -106,8 +106,8 @@ glmrt_status glmrt_shard_plan_build(const glmrt_model_config *config, int32_t nu
                                config->intermediate_size, unit, num_ranks);
     }
     if (config->weight_quant == GLMRT_QUANT_FP8_BLOCK && num_ranks > 1) {
-        int32_t rows = config->weight_block_rows > 0 ? config->weight_block_rows : 1;
-        int32_t cols = config->weight_block_cols > 0 ? config->weight_block_cols : 1;
+        int32_t rows = config->weight_block_rows > 0 ? config->weight_block_rows : GLMRT_SHARD_DEFAULT_BLOCK;
+        int32_t cols = config->weight_block_cols > 0 ? config->weight_block_cols : GLMRT_SHARD_DEFAULT_BLOCK;
         int32_t q_rows = heads / num_ranks * config->head_dim;
         if (q_rows % rows != 0 || q_rows % cols != 0) {
             return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,

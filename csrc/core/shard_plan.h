@@ -11,6 +11,7 @@ extern "C" {
 #endif
 
 #define GLMRT_SHARD_COLUMN_STEP 16
+#define GLMRT_SHARD_DEFAULT_BLOCK 128
 
 typedef struct glmrt_shard_range {
     int32_t begin;

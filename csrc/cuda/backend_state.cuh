@@ -81,6 +81,8 @@ typedef struct glmrt_cuda_state {
     int32_t device;
     int32_t owns_residual;
     ncclComm_t comm;
+    int32_t *step_abandoned;
+    int32_t *waiting_for_stream;
     int32_t num_sms;
     cudaStream_t stream;
     glmrt_shard_plan plan;

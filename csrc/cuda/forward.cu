@@ -15,6 +15,23 @@ typedef struct glmrt_step_context {
     cudaStream_t stream;
 } glmrt_step_context;
 
+static glmrt_status glmrt_step_check_peers(const glmrt_step_context *step)
+{
+    const int32_t *abandoned = step->state->step_abandoned;
+    if (abandoned != nullptr && __atomic_load_n(abandoned, __ATOMIC_ACQUIRE)) {
+        return glmrt_error_set(step->error, GLMRT_ERR_BACKEND, "stopped because another GPU failed in this step");
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_step_reduce(const glmrt_step_context *step, int32_t rows)
+{
+    glmrt_cuda_state *st = step->state;
+    GLMRT_TRY(glmrt_step_check_peers(step));
+    return glmrt_cuda_reduce_hidden(st->comm, st->ws.hidden, (int64_t)rows * st->dims.hidden, step->stream,
+                                    step->error);
+}
+
 static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t index)
 {
     glmrt_cuda_state *st = step->state;
@@ -69,7 +86,7 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
                                              ws->attn, d->q_width, step->stream, step->error));
     GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->o_proj, ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr,
                                     st->owns_residual, step->stream, step->error));
-    return glmrt_cuda_reduce_hidden(st->comm, ws->hidden, (int64_t)t * d->hidden, step->stream, step->error);
+    return glmrt_step_reduce(step, t);
 }
 
 static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_cuda_matrix *gate_up,
@@ -176,7 +193,7 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     combine.num_tokens = t;
     combine.hidden_size = d->hidden;
     GLMRT_TRY(glmrt_cuda_moe_combine(&combine, step->stream, step->error));
-    return glmrt_cuda_reduce_hidden(st->comm, ws->hidden, (int64_t)t * d->hidden, step->stream, step->error);
+    return glmrt_step_reduce(step, t);
 }
 
 static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
@@ -192,8 +209,7 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
         return glmrt_layer_moe(step, layer);
     }
     GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, ws->hidden, st->owns_residual));
-    return glmrt_cuda_reduce_hidden(st->comm, ws->hidden, (int64_t)step->counts->num_tokens * d->hidden, step->stream,
-                                    step->error);
+    return glmrt_step_reduce(step, step->counts->num_tokens);
 }
 
 static glmrt_status glmrt_step_head(glmrt_step_context *step)
@@ -244,6 +260,9 @@ glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_st
                                                   (size_t)samples * st->dims.vocab_local * sizeof(float),
                                                   cudaMemcpyDeviceToHost, st->stream));
         }
+    }
+    if (st->waiting_for_stream != nullptr) {
+        __atomic_store_n(st->waiting_for_stream, 1, __ATOMIC_RELEASE);
     }
     GLMRT_CUDA_TRY(error, cudaStreamSynchronize(st->stream));
     if (samples > 0 && out_sampled != nullptr) {

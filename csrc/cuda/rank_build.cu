@@ -52,10 +52,13 @@ static glmrt_status glmrt_cuda_device_alloc(glmrt_cuda_state *st, void **out, in
     size_t total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
     *out = nullptr;
+    const char *hint = st->shard.num_ranks == 1 && bytes > (int64_t)total_bytes / 2
+                           ? "; num_devices (server: --num-devices) splits the model over several GPUs"
+                           : "";
     return glmrt_error_set(st->error, result == cudaErrorMemoryAllocation ? GLMRT_ERR_OUT_OF_MEMORY : GLMRT_ERR_BACKEND,
-                           "cudaMalloc of %lld bytes for %s on device %d failed: %s (free %lld of %lld bytes; weights %lld, workspace %lld)",
+                           "cudaMalloc of %lld bytes for %s on device %d failed: %s (free %lld of %lld bytes; weights %lld, workspace %lld)%s",
                            (long long)bytes, what, st->device, cudaGetErrorString(result), (long long)free_bytes,
-                           (long long)total_bytes, (long long)st->weight_bytes, (long long)st->workspace_bytes);
+                           (long long)total_bytes, (long long)st->weight_bytes, (long long)st->workspace_bytes, hint);
 }
 
 static glmrt_status glmrt_cuda_open_device(glmrt_cuda_state *st)
@@ -92,8 +95,7 @@ static glmrt_status glmrt_cuda_load_weights(glmrt_cuda_state *st)
     arena.used = 0;
     if (engine->options.random_weights) {
         glmrt_cuda_random_fill fill;
-        fill.seed = engine->options.random_seed + (uint64_t)st->shard.rank * 0x9e3779b97f4a7c15ull;
-        fill.next_tensor = 0;
+        fill.seed = engine->options.random_seed;
         fill.stream = st->stream;
         fill.num_sms = st->num_sms;
         glmrt_cuda_layout_visitor visitor = glmrt_cuda_random_visitor(&fill);

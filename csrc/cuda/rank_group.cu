@@ -7,7 +7,6 @@
 #include "rank_group.cuh"
 
 #define GLMRT_RANK_PENDING (-1000)
-#define GLMRT_RANK_ABORT_SECONDS 5
 
 typedef struct glmrt_rank_slot {
     glmrt_cuda_group *group;
@@ -17,14 +16,19 @@ typedef struct glmrt_rank_slot {
 static glmrt_status glmrt_rank_run(glmrt_cuda_group *group, int32_t rank, const glmrt_rank_work *work)
 {
     glmrt_cuda_state *st = group->ranks[rank];
+    glmrt_status status = GLMRT_OK;
     if (work->job == GLMRT_RANK_JOB_LOAD) {
-        return glmrt_cuda_rank_load(st);
+        status = glmrt_cuda_rank_load(st);
+    } else if (work->job == GLMRT_RANK_JOB_FORWARD) {
+        status = glmrt_cuda_forward_packed(st, work->counts, work->host_inputs, rank == 0 ? work->out_logits : nullptr,
+                                           rank == 0 ? work->out_sampled : nullptr);
     }
-    if (work->job == GLMRT_RANK_JOB_FORWARD) {
-        return glmrt_cuda_forward_packed(st, work->counts, work->host_inputs, rank == 0 ? work->out_logits : nullptr,
-                                         rank == 0 ? work->out_sampled : nullptr);
+    if (status != GLMRT_OK) {
+        int32_t nobody = -1;
+        __atomic_compare_exchange_n(&group->failing_rank, &nobody, rank, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        __atomic_store_n(&group->step_abandoned, 1, __ATOMIC_RELEASE);
     }
-    return GLMRT_OK;
+    return status;
 }
 
 static void *glmrt_rank_thread(void *arg)
@@ -66,38 +70,30 @@ static void glmrt_group_abort_comms(glmrt_cuda_group *group)
     }
 }
 
-static int32_t glmrt_group_first_failure(const glmrt_cuda_group *group)
+static int32_t glmrt_group_only_waiting(const glmrt_cuda_group *group)
 {
     for (int32_t r = 0; r < group->num_ranks; ++r) {
-        glmrt_status status = group->rank_status[r];
-        if (status != GLMRT_RANK_PENDING && status != GLMRT_OK) {
-            return r;
+        if (group->rank_status[r] == GLMRT_RANK_PENDING && !__atomic_load_n(&group->rank_waiting[r], __ATOMIC_ACQUIRE)) {
+            return 0;
         }
     }
-    return -1;
-}
-
-static void glmrt_deadline_after(struct timespec *at, int32_t seconds)
-{
-    clock_gettime(CLOCK_REALTIME, at);
-    at->tv_sec += seconds;
+    return 1;
 }
 
 static void glmrt_group_wait(glmrt_cuda_group *group)
 {
-    time_t failure_seen = 0;
     pthread_mutex_lock(&group->lock);
     while (group->ranks_done < group->num_ranks) {
         struct timespec deadline;
-        glmrt_deadline_after(&deadline, 1);
-        pthread_cond_timedwait(&group->work_done, &group->lock, &deadline);
-        if (group->ranks_done >= group->num_ranks || glmrt_group_first_failure(group) < 0) {
-            continue;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_nsec += 100 * 1000 * 1000;
+        if (deadline.tv_nsec >= 1000 * 1000 * 1000) {
+            deadline.tv_sec += 1;
+            deadline.tv_nsec -= 1000 * 1000 * 1000;
         }
-        time_t now = time(nullptr);
-        if (failure_seen == 0) {
-            failure_seen = now;
-        } else if (now - failure_seen >= GLMRT_RANK_ABORT_SECONDS && !group->comms_aborted) {
+        pthread_cond_timedwait(&group->work_done, &group->lock, &deadline);
+        if (group->ranks_done < group->num_ranks && __atomic_load_n(&group->step_abandoned, __ATOMIC_ACQUIRE) &&
+            glmrt_group_only_waiting(group) && !group->comms_aborted) {
             pthread_mutex_unlock(&group->lock);
             glmrt_group_abort_comms(group);
             pthread_mutex_lock(&group->lock);
@@ -121,16 +117,22 @@ static glmrt_status glmrt_group_dispatch(glmrt_cuda_group *group, const glmrt_ra
     pthread_mutex_lock(&group->lock);
     group->work = *work;
     group->ranks_done = 0;
+    __atomic_store_n(&group->step_abandoned, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&group->failing_rank, -1, __ATOMIC_RELEASE);
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         group->rank_status[r] = GLMRT_RANK_PENDING;
+        __atomic_store_n(&group->rank_waiting[r], 0, __ATOMIC_RELEASE);
     }
     group->generation += 1;
     pthread_cond_broadcast(&group->work_ready);
     pthread_mutex_unlock(&group->lock);
     glmrt_group_wait(group);
-    int32_t failed = glmrt_group_first_failure(group);
+    int32_t failed = __atomic_load_n(&group->failing_rank, __ATOMIC_ACQUIRE);
     if (failed < 0) {
         return GLMRT_OK;
+    }
+    if (work->job == GLMRT_RANK_JOB_FORWARD) {
+        glmrt_group_abort_comms(group);
     }
     return glmrt_group_report(group, failed, group->rank_status[failed]);
 }
@@ -205,6 +207,68 @@ static glmrt_status glmrt_group_load(glmrt_cuda_group *group)
     return glmrt_group_dispatch(group, &work);
 }
 
+static glmrt_status glmrt_group_all_reduce_once(glmrt_cuda_group *group, float *const *buffers, int64_t count)
+{
+    glmrt_error *error = &group->engine->error;
+    ncclResult_t result = ncclGroupStart();
+    for (int32_t r = 0; r < group->num_ranks && result == ncclSuccess; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
+        result = ncclAllReduce(buffers[r], buffers[r], (size_t)count, ncclFloat, ncclSum, st->comm, st->stream);
+    }
+    ncclResult_t ended = ncclGroupEnd();
+    if (result == ncclSuccess) {
+        result = ended;
+    }
+    if (result != ncclSuccess) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the NCCL warm-up all-reduce of %lld floats failed: %s",
+                               (long long)count, ncclGetErrorString(result));
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        GLMRT_CUDA_TRY(error, cudaSetDevice(group->ranks[r]->device));
+        GLMRT_CUDA_TRY(error, cudaStreamSynchronize(group->ranks[r]->stream));
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
+{
+    glmrt_error *error = &group->engine->error;
+    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
+    int64_t largest = (int64_t)d->max_tokens * d->hidden;
+    float *buffers[GLMRT_MAX_DEVICES];
+    memset(buffers, 0, sizeof(buffers));
+    glmrt_status status = GLMRT_OK;
+    for (int32_t r = 0; r < group->num_ranks && status == GLMRT_OK; ++r) {
+        cudaError_t result = cudaSetDevice(group->ranks[r]->device);
+        if (result == cudaSuccess) {
+            result = cudaMalloc((void **)&buffers[r], (size_t)largest * sizeof(float));
+        }
+        if (result == cudaSuccess) {
+            result = cudaMemset(buffers[r], 0, (size_t)largest * sizeof(float));
+        }
+        if (result != cudaSuccess) {
+            cudaGetLastError();
+            status = glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY,
+                                     "cannot set up the NCCL warm-up buffer of %lld bytes on device %d: %s",
+                                     (long long)largest * 4, group->ranks[r]->device, cudaGetErrorString(result));
+        }
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_group_all_reduce_once(group, buffers, 1);
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_group_all_reduce_once(group, buffers, largest);
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        if (buffers[r] != nullptr) {
+            cudaSetDevice(group->ranks[r]->device);
+            cudaFree(buffers[r]);
+        }
+    }
+    return status;
+}
+
 static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
 {
     if (group->num_ranks == 1) {
@@ -223,7 +287,7 @@ static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         group->ranks[r]->comm = group->comms[r];
     }
-    return GLMRT_OK;
+    return glmrt_group_warm_up(group);
 }
 
 static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
@@ -283,6 +347,10 @@ static glmrt_status glmrt_group_build(glmrt_cuda_group *group)
         }
         group->ranks[r] = st;
         st->engine = engine;
+        if (group->num_ranks > 1) {
+            st->step_abandoned = &group->step_abandoned;
+            st->waiting_for_stream = &group->rank_waiting[r];
+        }
         st->error = group->num_ranks == 1 ? &engine->error : &st->rank_error;
         st->shard = group->plan.shards[r];
         st->device = engine->options.device_id + r;

@@ -42,6 +42,9 @@ typedef struct glmrt_cuda_group {
     uint64_t generation;
     glmrt_rank_work work;
     int32_t ranks_done;
+    int32_t step_abandoned;
+    int32_t failing_rank;
+    int32_t rank_waiting[GLMRT_MAX_DEVICES];
     glmrt_status rank_status[GLMRT_MAX_DEVICES];
     int32_t failed;
     char failure[GLMRT_ERROR_MESSAGE_CAPACITY];

@@ -7,7 +7,6 @@
 
 typedef struct glmrt_cuda_random_fill {
     uint64_t seed;
-    uint64_t next_tensor;
     cudaStream_t stream;
     int32_t num_sms;
 } glmrt_cuda_random_fill;

@@ -10,7 +10,9 @@ from glmrt.engine import Engine, SamplingParams
 
 def main():
     weight_format = sys.argv[1] if len(sys.argv) > 1 else "fp8-block"
-    with Engine(build_test_model(weight_format), backend="cuda", max_batch=4, max_tokens_per_step=64,
+    num_devices = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    with Engine(build_test_model(weight_format), backend="cuda", num_devices=num_devices, max_batch=4,
+                max_tokens_per_step=64,
                 kv_page_size=16, kv_num_pages=64) as engine:
         requests = [engine.create_request(prompt_of_length(n, engine.vocab_size, n), greedy(6)) for n in (1, 40, 600)]
         sampled = engine.create_request(prompt_of_length(20, engine.vocab_size, 3),
