@@ -115,19 +115,24 @@ def test_cuda_prefill_logits_match_cpu_backend(weight_format):
             assert error < PREFILL_RELATIVE_L2
 
 
+def check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, gpu):
+    agreed, total = 0, 0
+    for prompt in prompts_for(cpu):
+        cpu_tokens, cpu_rows = greedy_with_logits(cpu, prompt, NEW_TOKENS)
+        gpu_tokens, _ = greedy_with_logits(gpu, prompt, NEW_TOKENS)
+        index, margin = first_divergence_margin(cpu_tokens, cpu_rows, gpu_tokens)
+        agreed += index
+        total += len(cpu_tokens)
+        assert len(gpu_tokens) == len(cpu_tokens)
+        assert margin <= TIE_MARGIN, f"diverged at token {index} where the CPU margin was {margin}"
+    return agreed, total
+
+
 @pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
 def test_cuda_greedy_tokens_follow_cpu_backend_until_a_near_tie(weight_format):
     cpu, gpu = open_pair(build_test_model(weight_format))
-    agreed, total = 0, 0
     with cpu, gpu:
-        for prompt in prompts_for(cpu):
-            cpu_tokens, cpu_rows = greedy_with_logits(cpu, prompt, NEW_TOKENS)
-            gpu_tokens, _ = greedy_with_logits(gpu, prompt, NEW_TOKENS)
-            index, margin = first_divergence_margin(cpu_tokens, cpu_rows, gpu_tokens)
-            agreed += index
-            total += len(cpu_tokens)
-            assert len(gpu_tokens) == len(cpu_tokens)
-            assert margin <= TIE_MARGIN, f"diverged at token {index} where the CPU margin was {margin}"
+        agreed, total = check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, gpu)
     print(f"{weight_format}: {agreed} of {total} greedy tokens agree before any near-tie divergence")
 
 
@@ -159,25 +164,30 @@ def test_cuda_greedy_tokens_follow_transformers_until_a_near_tie(weight_format):
     print(f"{weight_format}: {agreed} of {total} greedy tokens agree with transformers before any near-tie")
 
 
-@pytest.mark.parametrize("params", [greedy(24), SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7,
-                                                                max_new_tokens=24, ignore_eos=True,
-                                                                repetition_penalty=1.1)])
+BATCH_PARAMS = [greedy(24), SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7, max_new_tokens=24,
+                                          ignore_eos=True, repetition_penalty=1.1)]
+
+
+def check_batched_requests_equal_solo_requests(engine, params):
+    prompts = prompts_for(engine) + [prompt_of_length(n, engine.vocab_size, seed=100 + n) for n in (3, 50, 120)]
+    solo = []
+    for prompt in prompts:
+        request = engine.create_request(prompt, params)
+        solo.append(run_to_completion(engine, [request])[0])
+        engine.free_request(request)
+    requests = [engine.create_request(prompt, params) for prompt in prompts]
+    batched = run_to_completion(engine, requests)
+    for request in requests:
+        engine.free_request(request)
+    assert batched == solo
+    stats = engine.stats()
+    assert stats.kv_pages_free == stats.kv_pages_total
+
+
+@pytest.mark.parametrize("params", BATCH_PARAMS)
 def test_cuda_batched_requests_equal_solo_requests(params):
-    model_dir = build_test_model("fp8-channel")
-    with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as engine:
-        prompts = prompts_for(engine) + [prompt_of_length(n, engine.vocab_size, seed=100 + n) for n in (3, 50, 120)]
-        solo = []
-        for prompt in prompts:
-            request = engine.create_request(prompt, params)
-            solo.append(run_to_completion(engine, [request])[0])
-            engine.free_request(request)
-        requests = [engine.create_request(prompt, params) for prompt in prompts]
-        batched = run_to_completion(engine, requests)
-        for request in requests:
-            engine.free_request(request)
-        assert batched == solo
-        stats = engine.stats()
-        assert stats.kv_pages_free == stats.kv_pages_total
+    with Engine(build_test_model("fp8-channel"), backend="cuda", **ENGINE_OPTIONS) as engine:
+        check_batched_requests_equal_solo_requests(engine, params)
 
 
 def churn_step(engine, rng, live, vocab):
@@ -263,7 +273,7 @@ def test_cuda_engine_reports_a_missing_device_as_an_error():
     assert "device_id" in raised.value.message
 
 
-def test_cuda_server_streams_the_offline_cuda_engine_tokens(tmp_path):
+def check_server_streams_offline_engine_tokens(tmp_path, **engine_options):
     import asyncio
 
     harness = pytest.importorskip("server_harness")
@@ -278,11 +288,16 @@ def test_cuda_server_streams_the_offline_cuda_engine_tokens(tmp_path):
                  "repetition_penalty": 1.2, "seed": 7}]
     jobs = [(harness.prompt_ids_for(tokenizer, request), harness.sampling_params_for(request, eos_ids))
             for request in requests]
-    expected = harness.solo_outputs(model_dir, jobs, backend="cuda")
-    with harness.ServerProcess(tmp_path / "logs", model_dir, backend="cuda", max_batch=8,
-                               max_tokens_per_step=64) as server:
+    expected = harness.solo_outputs(model_dir, jobs, backend="cuda", **engine_options)
+    with harness.ServerProcess(tmp_path / "logs", model_dir, backend="cuda", max_batch=8, max_tokens_per_step=64,
+                               **engine_options) as server:
         for request, tokens in zip(requests, expected):
             record = asyncio.run(harness.generate(server.ws_url, request))
             assert record.errors == []
             assert record.done["status"] == "completed"
             assert record.token_ids == tokens
+        return server.stdout_text()
+
+
+def test_cuda_server_streams_the_offline_cuda_engine_tokens(tmp_path):
+    check_server_streams_offline_engine_tokens(tmp_path)

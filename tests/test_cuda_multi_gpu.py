@@ -1,15 +1,15 @@
-import asyncio
-import json
-
 import numpy as np
 import pytest
 
 from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
-from glmrt.engine import Engine, SamplingParams
+from glmrt.engine import Engine
 from glmrt.errors import GlmrtError
-from test_cuda_backend import (ENGINE_OPTIONS, GLM47_CONFIG, NEW_TOKENS, PREFILL_RELATIVE_L2, TIE_MARGIN,
-                               WEIGHT_FORMATS, cuda_device_count, cuda_ready, first_divergence_margin,
-                               greedy_with_logits, prompts_for, relative_l2)
+from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, PREFILL_RELATIVE_L2, TIE_MARGIN, WEIGHT_FORMATS,
+                               check_batched_requests_equal_solo_requests,
+                               check_greedy_tokens_follow_cpu_until_a_near_tie,
+                               check_server_streams_offline_engine_tokens, cuda_device_count, cuda_ready,
+                               first_divergence_margin, greedy_with_logits, prompts_for, random_glm_dir,
+                               relative_l2)
 
 SPLIT_RELATIVE_L2 = 1e-3
 SPLITS = (2, 4)
@@ -57,38 +57,16 @@ def test_split_prefill_logits_match_one_gpu_and_the_cpu_backend(weight_format, n
 @pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
 def test_split_greedy_tokens_follow_the_cpu_backend_until_a_near_tie(weight_format):
     model_dir = wide_model(weight_format)
-    agreed, total = 0, 0
     with Engine(model_dir, backend="cpu", num_threads=2, **ENGINE_OPTIONS) as cpu, \
             Engine(model_dir, backend="cuda", num_devices=2, **ENGINE_OPTIONS) as split:
-        for prompt in prompts_for(cpu):
-            cpu_tokens, cpu_rows = greedy_with_logits(cpu, prompt, NEW_TOKENS)
-            split_tokens, _ = greedy_with_logits(split, prompt, NEW_TOKENS)
-            index, margin = first_divergence_margin(cpu_tokens, cpu_rows, split_tokens)
-            agreed += index
-            total += len(cpu_tokens)
-            assert len(split_tokens) == len(cpu_tokens)
-            assert margin <= TIE_MARGIN, f"diverged at token {index} where the CPU margin was {margin}"
+        agreed, total = check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, split)
     print(f"{weight_format} over 2 GPUs: {agreed} of {total} greedy tokens agree before any near-tie divergence")
 
 
-@pytest.mark.parametrize("params", [greedy(24), SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7,
-                                                                max_new_tokens=24, ignore_eos=True,
-                                                                repetition_penalty=1.1)])
+@pytest.mark.parametrize("params", BATCH_PARAMS)
 def test_split_batched_requests_equal_solo_requests(params):
     with Engine(wide_model("fp8-block"), backend="cuda", num_devices=2, **ENGINE_OPTIONS) as engine:
-        prompts = prompts_for(engine) + [prompt_of_length(n, engine.vocab_size, seed=100 + n) for n in (3, 50, 120)]
-        solo = []
-        for prompt in prompts:
-            request = engine.create_request(prompt, params)
-            solo.append(run_to_completion(engine, [request])[0])
-            engine.free_request(request)
-        requests = [engine.create_request(prompt, params) for prompt in prompts]
-        batched = run_to_completion(engine, requests)
-        for request in requests:
-            engine.free_request(request)
-        assert batched == solo
-        stats = engine.stats()
-        assert stats.kv_pages_free == stats.kv_pages_total
+        check_batched_requests_equal_solo_requests(engine, params)
 
 
 def test_split_engine_frees_every_page_across_many_requests():
@@ -107,15 +85,8 @@ def test_split_engine_frees_every_page_across_many_requests():
         assert stats.live_requests == 0
 
 
-def glm47_dir(tmp_path, layers):
-    config = json.loads(GLM47_CONFIG.read_text())
-    config["num_hidden_layers"] = layers
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    return tmp_path
-
-
 def test_real_glm47_shape_splits_its_weights_over_two_gpus_and_computes_the_same_model(tmp_path):
-    model_dir = glm47_dir(tmp_path, 5)
+    model_dir = random_glm_dir(tmp_path, 5)
     settings = dict(random_weights=True, random_seed=3, max_batch=4, max_tokens_per_step=128, kv_page_size=16,
                     kv_num_pages=64)
     prompts = [prompt_of_length(n, 150000, n) for n in (1, 70)]
@@ -154,24 +125,5 @@ def test_split_errors_are_reported_before_any_gpu_work():
 
 
 def test_server_over_two_gpus_streams_the_offline_engine_tokens(tmp_path):
-    harness = pytest.importorskip("server_harness")
-    from glmrt.config import load_model_config
-    from glmrt.tokenizer import Tokenizer
-
-    model_dir = harness.build_server_test_model(tmp_path / "model")
-    tokenizer = Tokenizer(model_dir)
-    eos_ids = load_model_config(model_dir).eos_token_ids
-    requests = [{"prompt": "The river by the old mill", "max_tokens": 24, "temperature": 0.0, "seed": 1},
-                {"prompt": "kitchen window morning", "max_tokens": 24, "temperature": 0.8, "top_p": 0.9,
-                 "repetition_penalty": 1.2, "seed": 7}]
-    jobs = [(harness.prompt_ids_for(tokenizer, request), harness.sampling_params_for(request, eos_ids))
-            for request in requests]
-    expected = harness.solo_outputs(model_dir, jobs, backend="cuda", num_devices=2)
-    with harness.ServerProcess(tmp_path / "logs", model_dir, backend="cuda", num_devices=2, max_batch=8,
-                               max_tokens_per_step=64) as server:
-        for request, tokens in zip(requests, expected):
-            record = asyncio.run(harness.generate(server.ws_url, request))
-            assert record.errors == []
-            assert record.done["status"] == "completed"
-            assert record.token_ids == tokens
-        assert "over 2 device(s)" in server.stdout_text()
+    stdout = check_server_streams_offline_engine_tokens(tmp_path, num_devices=2)
+    assert "over 2 device(s)" in stdout

@@ -122,7 +122,6 @@ glmrt_status glmrt_shard_plan_build(const glmrt_model_config *config, int32_t nu
         }
     }
     out->num_ranks = num_ranks;
-    out->kv_heads_replicated = kv_heads < num_ranks;
     int32_t shared_width = config->moe_intermediate_size * (config->n_shared_experts > 0 ? config->n_shared_experts : 0);
     for (int32_t r = 0; r < num_ranks; ++r) {
         glmrt_shard *shard = &out->shards[r];

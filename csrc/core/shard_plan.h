@@ -31,7 +31,6 @@ typedef struct glmrt_shard {
 
 typedef struct glmrt_shard_plan {
     int32_t num_ranks;
-    int32_t kv_heads_replicated;
     glmrt_shard shards[GLMRT_MAX_DEVICES];
 } glmrt_shard_plan;
 

@@ -85,7 +85,6 @@ typedef struct glmrt_cuda_state {
     int32_t *waiting_for_stream;
     int32_t num_sms;
     cudaStream_t stream;
-    glmrt_shard_plan plan;
     glmrt_shard shard;
     glmrt_cuda_dims dims;
     glmrt_cuda_model model;

@@ -215,27 +215,42 @@ static const glmrt_layer_weights *glmrt_source_layer(const glmrt_layout_walk *wa
     return &walk->engine->weights.layers[index];
 }
 
-static glmrt_status glmrt_layout_qkv_bias(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
-                                          glmrt_cuda_layer *layer)
+typedef struct glmrt_head_rows {
+    int32_t q_begin;
+    int32_t q_rows;
+    int32_t q_total;
+    int32_t kv_begin;
+    int32_t kv_rows;
+    int32_t kv_total;
+} glmrt_head_rows;
+
+static glmrt_head_rows glmrt_head_rows_of(const glmrt_layout_walk *walk)
 {
-    const glmrt_model_config *c = walk->config;
-    int32_t hd = c->head_dim;
-    int32_t q_begin = walk->shard->q_heads.begin * hd;
-    int32_t q_rows = walk->shard->q_heads.count * hd;
-    int32_t kv_begin = walk->shard->kv_heads.begin * hd;
-    int32_t kv_rows = walk->shard->kv_heads.count * hd;
-    int32_t q_total = c->num_attention_heads * hd;
-    int32_t kv_total = c->num_key_value_heads * hd;
-    layer->qkv_bias = glmrt_cuda_arena_array<float>(walk->arena, (int64_t)q_rows + 2 * kv_rows);
+    int32_t hd = walk->config->head_dim;
+    glmrt_head_rows rows;
+    rows.q_begin = walk->shard->q_heads.begin * hd;
+    rows.q_rows = walk->shard->q_heads.count * hd;
+    rows.q_total = walk->config->num_attention_heads * hd;
+    rows.kv_begin = walk->shard->kv_heads.begin * hd;
+    rows.kv_rows = walk->shard->kv_heads.count * hd;
+    rows.kv_total = walk->config->num_key_value_heads * hd;
+    return rows;
+}
+
+static glmrt_status glmrt_layout_qkv_bias(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
+                                          const glmrt_head_rows *h, glmrt_cuda_layer *layer)
+{
+    layer->qkv_bias = glmrt_cuda_arena_array<float>(walk->arena, (int64_t)h->q_rows + 2 * h->kv_rows);
     float *base = layer->qkv_bias;
     GLMRT_TRY(glmrt_place_vector_slice(walk, "self_attn.q_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
-                                       src != nullptr ? &src->q_bias : nullptr, q_begin, q_rows, q_total, base));
+                                       src != nullptr ? &src->q_bias : nullptr, h->q_begin, h->q_rows, h->q_total,
+                                       base));
     GLMRT_TRY(glmrt_place_vector_slice(walk, "self_attn.k_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
-                                       src != nullptr ? &src->k_bias : nullptr, kv_begin, kv_rows, kv_total,
-                                       base != nullptr ? base + q_rows : nullptr));
+                                       src != nullptr ? &src->k_bias : nullptr, h->kv_begin, h->kv_rows, h->kv_total,
+                                       base != nullptr ? base + h->q_rows : nullptr));
     return glmrt_place_vector_slice(walk, "self_attn.v_proj.bias", index, GLMRT_CUDA_VECTOR_BIAS,
-                                    src != nullptr ? &src->v_bias : nullptr, kv_begin, kv_rows, kv_total,
-                                    base != nullptr ? base + q_rows + kv_rows : nullptr);
+                                    src != nullptr ? &src->v_bias : nullptr, h->kv_begin, h->kv_rows, h->kv_total,
+                                    base != nullptr ? base + h->q_rows + h->kv_rows : nullptr);
 }
 
 static glmrt_status glmrt_layout_attention(glmrt_layout_walk *walk, int32_t index, const glmrt_layer_weights *src,
@@ -243,18 +258,15 @@ static glmrt_status glmrt_layout_attention(glmrt_layout_walk *walk, int32_t inde
 {
     const glmrt_model_config *c = walk->config;
     int32_t hd = c->head_dim;
-    int32_t q_begin = walk->shard->q_heads.begin * hd;
-    int32_t q_rows = walk->shard->q_heads.count * hd;
-    int32_t kv_begin = walk->shard->kv_heads.begin * hd;
-    int32_t kv_rows = walk->shard->kv_heads.count * hd;
+    glmrt_head_rows h = glmrt_head_rows_of(walk);
     glmrt_cuda_matrix_spec spec;
     glmrt_spec_init(&spec, "self_attn.qkv_proj", index, c->hidden_size);
-    glmrt_spec_add_rows(&spec, src != nullptr ? &src->q_proj : nullptr, q_begin, q_rows);
-    glmrt_spec_add_rows(&spec, src != nullptr ? &src->k_proj : nullptr, kv_begin, kv_rows);
-    glmrt_spec_add_rows(&spec, src != nullptr ? &src->v_proj : nullptr, kv_begin, kv_rows);
+    glmrt_spec_add_rows(&spec, src != nullptr ? &src->q_proj : nullptr, h.q_begin, h.q_rows);
+    glmrt_spec_add_rows(&spec, src != nullptr ? &src->k_proj : nullptr, h.kv_begin, h.kv_rows);
+    glmrt_spec_add_rows(&spec, src != nullptr ? &src->v_proj : nullptr, h.kv_begin, h.kv_rows);
     GLMRT_TRY(glmrt_place_matrix(walk, &spec, &layer->qkv));
     if (c->attention_bias) {
-        GLMRT_TRY(glmrt_layout_qkv_bias(walk, index, src, layer));
+        GLMRT_TRY(glmrt_layout_qkv_bias(walk, index, src, &h, layer));
     }
     glmrt_status status = GLMRT_OK;
     if (c->use_qk_norm) {
@@ -264,8 +276,8 @@ static glmrt_status glmrt_layout_attention(glmrt_layout_walk *walk, int32_t inde
                                           src != nullptr ? &src->k_norm : nullptr, hd, &status);
     }
     GLMRT_TRY(status);
-    glmrt_spec_init(&spec, "self_attn.o_proj", index, q_rows);
-    glmrt_spec_slice_columns(&spec, q_begin, c->num_attention_heads * hd);
+    glmrt_spec_init(&spec, "self_attn.o_proj", index, h.q_rows);
+    glmrt_spec_slice_columns(&spec, h.q_begin, h.q_total);
     glmrt_spec_add(&spec, src != nullptr ? &src->o_proj : nullptr, c->hidden_size);
     return glmrt_place_matrix(walk, &spec, &layer->o_proj);
 }

@@ -18,18 +18,10 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     if (st->stream != nullptr) {
         cudaStreamSynchronize(st->stream);
     }
-    if (st->weight_memory != nullptr) {
-        cudaFree(st->weight_memory);
-    }
-    if (st->workspace_memory != nullptr) {
-        cudaFree(st->workspace_memory);
-    }
-    if (st->kv_memory != nullptr) {
-        cudaFree(st->kv_memory);
-    }
-    if (st->host_sampled != nullptr) {
-        cudaFreeHost(st->host_sampled);
-    }
+    cudaFree(st->weight_memory);
+    cudaFree(st->workspace_memory);
+    cudaFree(st->kv_memory);
+    cudaFreeHost(st->host_sampled);
     if (st->stream != nullptr) {
         cudaStreamDestroy(st->stream);
     }

@@ -8,11 +8,6 @@
 
 #define GLMRT_RANK_PENDING (-1000)
 
-typedef struct glmrt_rank_slot {
-    glmrt_cuda_group *group;
-    int32_t rank;
-} glmrt_rank_slot;
-
 static glmrt_status glmrt_rank_run(glmrt_cuda_group *group, int32_t rank, const glmrt_rank_work *work)
 {
     glmrt_cuda_state *st = group->ranks[rank];
@@ -154,19 +149,13 @@ static glmrt_status glmrt_group_start_threads(glmrt_cuda_group *group)
     }
     group->sync_ready = 1;
     for (int32_t r = 0; r < group->num_ranks; ++r) {
-        glmrt_rank_slot *slot = (glmrt_rank_slot *)malloc(sizeof(glmrt_rank_slot));
-        if (slot == nullptr) {
-            return glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY, "cannot allocate a GPU worker");
-        }
-        slot->group = group;
-        slot->rank = r;
-        int result = pthread_create(&group->threads[r], nullptr, glmrt_rank_thread, slot);
+        group->slots[r].group = group;
+        group->slots[r].rank = r;
+        int result = pthread_create(&group->threads[r], nullptr, glmrt_rank_thread, &group->slots[r]);
         if (result != 0) {
-            free(slot);
             return glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot start the worker thread of GPU %d: %s", r,
                                    strerror(result));
         }
-        group->slot_memory[r] = slot;
         group->threads_started += 1;
     }
     return GLMRT_OK;
@@ -182,8 +171,6 @@ static void glmrt_group_stop_threads(glmrt_cuda_group *group)
         pthread_mutex_unlock(&group->lock);
         for (int32_t r = 0; r < group->threads_started; ++r) {
             pthread_join(group->threads[r], nullptr);
-            free(group->slot_memory[r]);
-            group->slot_memory[r] = nullptr;
         }
         group->threads_started = 0;
     }
@@ -213,7 +200,6 @@ static glmrt_status glmrt_group_all_reduce_once(glmrt_cuda_group *group, float *
     ncclResult_t result = ncclGroupStart();
     for (int32_t r = 0; r < group->num_ranks && result == ncclSuccess; ++r) {
         glmrt_cuda_state *st = group->ranks[r];
-        GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
         result = ncclAllReduce(buffers[r], buffers[r], (size_t)count, ncclFloat, ncclSum, st->comm, st->stream);
     }
     ncclResult_t ended = ncclGroupEnd();

@@ -21,9 +21,14 @@ typedef struct glmrt_rank_work {
     glmrt_token *out_sampled;
 } glmrt_rank_work;
 
-typedef struct glmrt_rank_slot glmrt_rank_slot;
+typedef struct glmrt_cuda_group glmrt_cuda_group;
 
-typedef struct glmrt_cuda_group {
+typedef struct glmrt_rank_slot {
+    glmrt_cuda_group *group;
+    int32_t rank;
+} glmrt_rank_slot;
+
+struct glmrt_cuda_group {
     glmrt_engine *engine;
     int32_t num_ranks;
     glmrt_shard_plan plan;
@@ -33,7 +38,7 @@ typedef struct glmrt_cuda_group {
     int32_t comms_aborted;
     uint8_t *host_step_inputs;
     pthread_t threads[GLMRT_MAX_DEVICES];
-    glmrt_rank_slot *slot_memory[GLMRT_MAX_DEVICES];
+    glmrt_rank_slot slots[GLMRT_MAX_DEVICES];
     int32_t threads_started;
     pthread_mutex_t lock;
     pthread_cond_t work_ready;
@@ -48,7 +53,7 @@ typedef struct glmrt_cuda_group {
     glmrt_status rank_status[GLMRT_MAX_DEVICES];
     int32_t failed;
     char failure[GLMRT_ERROR_MESSAGE_CAPACITY];
-} glmrt_cuda_group;
+};
 
 glmrt_status glmrt_cuda_group_create(glmrt_engine *engine, glmrt_cuda_group **out);
 void glmrt_cuda_group_destroy(glmrt_cuda_group *group);
