@@ -126,7 +126,7 @@ printf '%s\n' $cuda_sources | xargs -P "$jobs" -I{} bash -c 'compile_cuda_one "$
 cuda_objects=$(for src in $cuda_sources; do cuda_object_of "$src"; done | paste -sd ' ')
 
 if [ "$compile_only" = 1 ]; then
-    for driver in tests/native_cuda/*.cu; do
+    for driver in tests/native_cuda/*.cu bench/*.cu; do
         [ -e "$driver" ] || continue
         "$nvcc_bin" $nv_flags -c "$driver" -o "$obj_dir/driver_$(basename "$driver" .cu).o"
     done
@@ -144,7 +144,7 @@ done
 link_libs="-L$cuda_home/lib64 -L$cuda_home/targets/x86_64-linux/lib -lcudart_static $nccl_link -ldl -lrt -lpthread -lm"
 g++ -shared $link_extra -o "$out_dir/libglmrt_cuda.so" $core_objects $cuda_objects $link_libs
 
-for driver in tests/native_cuda/*.cu; do
+for driver in tests/native_cuda/*.cu bench/*.cu; do
     [ -e "$driver" ] || continue
     name=$(basename "$driver" .cu)
     "$nvcc_bin" $nv_flags -o "$out_dir/$name" "$driver" $core_objects $cuda_objects $link_libs ${link_extra:+-Xcompiler $link_extra}

@@ -1,16 +1,32 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "activation_quant.cuh"
 #include "gemm.cuh"
+#include "qgemm.cuh"
+
+#define GLMRT_BENCH_ROTATION_BYTES (384ll << 20)
+#define GLMRT_BENCH_LAUNCHES 24
+#define GLMRT_BENCH_REPLAYS 7
 
 typedef struct glmrt_bench_shape {
     const char *name;
     int32_t rows;
     int32_t cols;
     int32_t format;
+    int32_t experts;
 } glmrt_bench_shape;
+
+typedef struct glmrt_bench_copy {
+    glmrt_cuda_matrix m;
+    glmrt_cuda_qgemm_weight *q;
+} glmrt_bench_copy;
 
 __global__ void glmrt_bench_fill_bytes(uint8_t *data, int64_t count, uint32_t seed, int32_t fp8)
 {
@@ -21,7 +37,7 @@ __global__ void glmrt_bench_fill_bytes(uint8_t *data, int64_t count, uint32_t se
         h ^= h >> 13;
         uint8_t b = (uint8_t)h;
         if (fp8) {
-            b = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+            b = (b & 0x7f) >= 0x7e ? (uint8_t)(b & 0xb7) : b;
         } else if ((i & 1) == 1) {
             b = (uint8_t)(0x3c | (b & 0x80) | (b & 0x03));
         }
@@ -42,90 +58,420 @@ __global__ void glmrt_bench_fill_floats(float *data, int64_t count, uint32_t see
 static int glmrt_bench_ok(cudaError_t result, const char *what)
 {
     if (result != cudaSuccess) {
-        printf("%s failed: %s\n", what, cudaGetErrorString(result));
+        fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(result));
         return 0;
     }
     return 1;
 }
 
-int main(void)
+static int glmrt_bench_status(glmrt_status status, const glmrt_error *error, const char *what)
 {
-    const glmrt_bench_shape shapes[] = {
-        {"qkv fp8", 14336, 5120, GLMRT_CUDA_FORMAT_FP8},
-        {"o_proj fp8", 5120, 12288, GLMRT_CUDA_FORMAT_FP8},
-        {"dense gate_up fp8", 24576, 5120, GLMRT_CUDA_FORMAT_FP8},
-        {"dense down fp8", 5120, 12288, GLMRT_CUDA_FORMAT_FP8},
-        {"lm_head bf16", 151552, 5120, GLMRT_CUDA_FORMAT_BF16},
-    };
-    const int32_t row_counts[] = {1, 8, 16, 32, 64, 256, 2048};
-    const int32_t max_rows = 2048;
-    const int32_t max_cols = 12288;
-    const int64_t max_weight_bytes = (int64_t)151552 * 5120 * 2;
-    uint8_t *weights = nullptr;
-    float *scales = nullptr;
-    float *x = nullptr;
-    float *y = nullptr;
-    if (!glmrt_bench_ok(cudaMalloc(&weights, max_weight_bytes), "cudaMalloc weights") ||
-        !glmrt_bench_ok(cudaMalloc(&scales, 151552 * sizeof(float)), "cudaMalloc scales") ||
-        !glmrt_bench_ok(cudaMalloc(&x, (size_t)max_rows * max_cols * sizeof(float)), "cudaMalloc x") ||
-        !glmrt_bench_ok(cudaMalloc(&y, (size_t)max_rows * 151552 * sizeof(float)), "cudaMalloc y")) {
-        return 1;
+    if (status != GLMRT_OK) {
+        fprintf(stderr, "%s failed: %s\n", what, error->message);
+        return 0;
     }
-    glmrt_bench_fill_floats<<<1024, 256>>>(x, (int64_t)max_rows * max_cols, 7u, 0.0f, 2.0f);
-    glmrt_bench_fill_floats<<<256, 256>>>(scales, 151552, 9u, 1e-3f, 1e-3f);
+    return 1;
+}
+
+static void *glmrt_bench_aligned(size_t bytes)
+{
+    void *memory = nullptr;
+    if (posix_memalign(&memory, 64, bytes) != 0) {
+        return nullptr;
+    }
+    memset(memory, 0, bytes);
+    return memory;
+}
+
+static glmrt_cuda_matrix glmrt_bench_matrix(const glmrt_bench_shape &shape, uint8_t *data, float *scales)
+{
+    glmrt_cuda_matrix m;
+    memset(&m, 0, sizeof(m));
+    const int32_t fp8 = shape.format == GLMRT_CUDA_FORMAT_FP8;
+    m.format = shape.format;
+    m.scale_kind = fp8 ? GLMRT_CUDA_SCALE_CHANNEL : GLMRT_CUDA_SCALE_NONE;
+    m.rows = shape.rows;
+    m.cols = shape.cols;
+    m.block_rows = 1;
+    m.block_cols = shape.cols;
+    m.scale_rows = fp8 ? shape.rows : 0;
+    m.scale_cols = fp8 ? 1 : 0;
+    m.num_segments = 1;
+    m.segment_row_end[0] = shape.rows;
+    m.num_groups = shape.experts > 0 ? shape.experts : 1;
+    m.group_bytes = (int64_t)shape.rows * shape.cols * (fp8 ? 1 : 2);
+    m.group_scales = m.scale_rows;
+    m.data = data;
+    m.scale = fp8 ? scales : nullptr;
+    return m;
+}
+
+typedef struct glmrt_bench_context {
+    cudaStream_t stream;
+    int32_t num_sms;
+    glmrt_cuda_qgemm_split split;
+    float *x;
+    float *y;
+    float *scales;
+    glmrt_cuda_qgemm_operand *operands;
+    uint8_t *activations;
+    float *activation_scales;
+    int32_t max_rows;
+    int32_t max_cols;
+    glmrt_cuda_gemm_tile *tiles;
+    int32_t *num_tiles;
+} glmrt_bench_context;
+
+typedef struct glmrt_bench_run {
+    const glmrt_bench_shape *shape;
+    std::vector<glmrt_bench_copy> *copies;
+    const glmrt_cuda_qgemm_operand *operand;
+    int32_t rows;
+    int32_t native;
+    int32_t grid_tiles;
+    int32_t tile_rows;
+} glmrt_bench_run;
+
+static glmrt_status glmrt_bench_launch(const glmrt_bench_context *c, const glmrt_bench_run *r, int32_t copy,
+                                       glmrt_error *error)
+{
+    const glmrt_cuda_matrix *m = &(*r->copies)[(size_t)copy].m;
+    const int32_t grouped = r->shape->experts > 0;
+    if (r->native) {
+        glmrt_cuda_qgemm_call call;
+        memset(&call, 0, sizeof(call));
+        call.w = m;
+        call.x = r->operand;
+        call.num_rows = r->rows;
+        call.tiles = grouped ? c->tiles : nullptr;
+        call.num_tiles = grouped ? c->num_tiles : nullptr;
+        call.grid_tiles = r->grid_tiles;
+        call.tile_rows = r->tile_rows;
+        call.y = c->y;
+        call.y_stride = r->shape->rows;
+        return glmrt_cuda_qgemm_run(&call, &c->split, c->stream, error);
+    }
+    if (grouped) {
+        glmrt_cuda_gemm_args args;
+        memset(&args, 0, sizeof(args));
+        args.x = c->x;
+        args.x_stride = r->shape->cols;
+        args.y = c->y;
+        args.y_stride = r->shape->rows;
+        args.num_rows = r->rows;
+        args.tiles = c->tiles;
+        args.num_tiles = c->num_tiles;
+        args.w = *m;
+        return glmrt_cuda_gemm_run(&args, glmrt_cuda_gemm_tile_rows(r->tile_rows), r->grid_tiles, c->stream, error);
+    }
+    return glmrt_cuda_gemm_dense(m, c->x, r->shape->cols, c->y, r->shape->rows, r->rows, nullptr, 0, c->stream,
+                                 error);
+}
+
+static double glmrt_bench_time(const glmrt_bench_context *c, const glmrt_bench_run *r, glmrt_error *error)
+{
+    const int32_t copies = (int32_t)r->copies->size();
+    for (int32_t i = 0; i < 2; ++i) {
+        if (!glmrt_bench_status(glmrt_bench_launch(c, r, i % copies, error), error, "warm-up launch")) {
+            return -1.0;
+        }
+    }
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (!glmrt_bench_ok(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capture")) {
+        return -1.0;
+    }
+    glmrt_status status = GLMRT_OK;
+    for (int32_t i = 0; i < GLMRT_BENCH_LAUNCHES && status == GLMRT_OK; ++i) {
+        status = glmrt_bench_launch(c, r, i % copies, error);
+    }
+    cudaError_t ended = cudaStreamEndCapture(c->stream, &graph);
+    if (!glmrt_bench_status(status, error, "captured launch") || !glmrt_bench_ok(ended, "end capture") ||
+        !glmrt_bench_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) {
+        return -1.0;
+    }
     cudaEvent_t start;
     cudaEvent_t stop;
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
-    printf("| matrix | rows | us | weight GB/s | TFLOP/s |\n|---|---|---|---|---|\n");
-    for (const glmrt_bench_shape &shape : shapes) {
-        int32_t bytes_per = shape.format == GLMRT_CUDA_FORMAT_FP8 ? 1 : 2;
-        int64_t weight_bytes = (int64_t)shape.rows * shape.cols * bytes_per;
-        glmrt_bench_fill_bytes<<<2048, 256>>>(weights, weight_bytes, 11u, shape.format == GLMRT_CUDA_FORMAT_FP8);
-        glmrt_cuda_matrix m;
-        memset(&m, 0, sizeof(m));
-        m.format = shape.format;
-        m.scale_kind = shape.format == GLMRT_CUDA_FORMAT_FP8 ? GLMRT_CUDA_SCALE_CHANNEL : GLMRT_CUDA_SCALE_NONE;
-        m.rows = shape.rows;
-        m.cols = shape.cols;
-        m.block_rows = 1;
-        m.block_cols = shape.cols;
-        m.scale_rows = shape.format == GLMRT_CUDA_FORMAT_FP8 ? shape.rows : 0;
-        m.scale_cols = shape.format == GLMRT_CUDA_FORMAT_FP8 ? 1 : 0;
-        m.num_segments = 1;
-        m.segment_row_end[0] = shape.rows;
-        m.num_groups = 1;
-        m.group_bytes = weight_bytes;
-        m.group_scales = m.scale_rows;
-        m.data = weights;
-        m.scale = shape.format == GLMRT_CUDA_FORMAT_FP8 ? scales : nullptr;
-        for (int32_t rows : row_counts) {
-            glmrt_error error;
-            glmrt_error_clear(&error);
-            glmrt_status status = GLMRT_OK;
-            const int reps = rows >= 256 ? 5 : 20;
-            for (int i = 0; i < 3 && status == GLMRT_OK; ++i) {
-                status = glmrt_cuda_gemm_dense(&m, x, shape.cols, y, shape.rows, rows, nullptr, 0, 0, &error);
-            }
-            cudaEventRecord(start);
-            for (int i = 0; i < reps && status == GLMRT_OK; ++i) {
-                status = glmrt_cuda_gemm_dense(&m, x, shape.cols, y, shape.rows, rows, nullptr, 0, 0, &error);
-            }
-            cudaEventRecord(stop);
-            if (status != GLMRT_OK || !glmrt_bench_ok(cudaEventSynchronize(stop), "gemm")) {
-                printf("%s rows %d failed: %s\n", shape.name, rows, error.message);
-                return 1;
-            }
-            float ms = 0.0f;
-            cudaEventElapsedTime(&ms, start, stop);
-            double seconds = ms * 1e-3 / reps;
-            printf("| %s | %d | %.1f | %.0f | %.1f |\n", shape.name, rows, seconds * 1e6, weight_bytes / seconds * 1e-9,
-                   2.0 * rows * shape.rows * (double)shape.cols / seconds * 1e-12);
+    std::vector<float> samples;
+    for (int32_t replay = 0; replay < GLMRT_BENCH_REPLAYS + 1; ++replay) {
+        cudaEventRecord(start, c->stream);
+        cudaGraphLaunch(exec, c->stream);
+        cudaEventRecord(stop, c->stream);
+        if (!glmrt_bench_ok(cudaEventSynchronize(stop), "graph replay")) {
+            return -1.0;
+        }
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, start, stop);
+        if (replay > 0) {
+            samples.push_back(ms);
         }
     }
-    cudaFree(weights);
-    cudaFree(scales);
-    cudaFree(x);
-    cudaFree(y);
-    return 0;
+    std::sort(samples.begin(), samples.end());
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return samples[samples.size() / 2] * 1e-3 / GLMRT_BENCH_LAUNCHES;
+}
+
+static int glmrt_bench_copies(const glmrt_bench_shape &shape, int32_t num_sms, std::vector<glmrt_bench_copy> *out,
+                              float *scales, glmrt_error *error)
+{
+    const int64_t bytes = (int64_t)shape.rows * shape.cols * (shape.format == GLMRT_CUDA_FORMAT_FP8 ? 1 : 2) *
+                          (shape.experts > 0 ? shape.experts : 1);
+    const int64_t count = std::max<int64_t>(1, GLMRT_BENCH_ROTATION_BYTES / bytes);
+    for (int64_t i = 0; i < count; ++i) {
+        uint8_t *data = nullptr;
+        if (!glmrt_bench_ok(cudaMalloc(&data, (size_t)bytes), "cudaMalloc weights")) {
+            return 0;
+        }
+        glmrt_bench_fill_bytes<<<2048, 256>>>(data, bytes, 11u + (uint32_t)i, shape.format == GLMRT_CUDA_FORMAT_FP8);
+        glmrt_bench_copy copy;
+        copy.m = glmrt_bench_matrix(shape, data, scales);
+        copy.q = (glmrt_cuda_qgemm_weight *)glmrt_bench_aligned(sizeof(glmrt_cuda_qgemm_weight));
+        const int32_t allow_split = shape.experts == 0 && shape.format == GLMRT_CUDA_FORMAT_FP8;
+        if (copy.q == nullptr || !glmrt_bench_status(glmrt_cuda_qgemm_weight_prepare(&copy.m, num_sms, allow_split,
+                                                                                     copy.q, error),
+                                                     error, "weight tensor map")) {
+            return 0;
+        }
+        copy.m.qgemm = copy.q;
+        out->push_back(copy);
+    }
+    return 1;
+}
+
+static void glmrt_bench_free_copies(std::vector<glmrt_bench_copy> *copies)
+{
+    for (glmrt_bench_copy &copy : *copies) {
+        cudaFree(copy.m.data);
+        free(copy.q);
+    }
+    copies->clear();
+}
+
+static int32_t glmrt_bench_route(glmrt_bench_context *c, int32_t tokens, int32_t experts, int32_t top_k,
+                                 int32_t tile_rows, int64_t *touched)
+{
+    uint64_t state = 0x243F6A8885A308D3ull;
+    std::vector<std::vector<int32_t>> rows_of((size_t)experts);
+    int32_t assignment = 0;
+    for (int32_t t = 0; t < tokens; ++t) {
+        std::vector<int32_t> chosen;
+        while ((int32_t)chosen.size() < top_k) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            int32_t e = (int32_t)((state >> 33) % (uint64_t)experts);
+            if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) {
+                chosen.push_back(e);
+            }
+        }
+        for (int32_t e : chosen) {
+            rows_of[(size_t)e].push_back(assignment++);
+        }
+    }
+    std::vector<glmrt_cuda_gemm_tile> tiles;
+    int32_t row = 0;
+    *touched = 0;
+    for (int32_t e = 0; e < experts; ++e) {
+        int32_t count = (int32_t)rows_of[(size_t)e].size();
+        *touched += count > 0;
+        for (int32_t t = 0; t < count; t += tile_rows) {
+            glmrt_cuda_gemm_tile tile;
+            tile.group = e;
+            tile.row_begin = row + t;
+            tile.num_rows = std::min(tile_rows, count - t);
+            tile.reserved = 0;
+            tiles.push_back(tile);
+        }
+        row += count;
+    }
+    int32_t count = (int32_t)tiles.size();
+    cudaMemcpy(c->tiles, tiles.data(), tiles.size() * sizeof(glmrt_cuda_gemm_tile), cudaMemcpyHostToDevice);
+    cudaMemcpy(c->num_tiles, &count, sizeof(count), cudaMemcpyHostToDevice);
+    return count;
+}
+
+static const glmrt_cuda_qgemm_operand *glmrt_bench_operand(glmrt_bench_context *c, const glmrt_bench_shape &shape,
+                                                           glmrt_error *error)
+{
+    glmrt_cuda_qgemm_operand *o = c->operands;
+    int32_t kind = shape.format == GLMRT_CUDA_FORMAT_FP8 ? GLMRT_OPERAND_FP8 : GLMRT_OPERAND_BF16;
+    glmrt_status status = glmrt_cuda_qgemm_operand_prepare(o, kind, c->activations, c->activation_scales, shape.cols,
+                                                           c->max_rows, "bench activations", error);
+    if (!glmrt_bench_status(status, error, "activation tensor map")) {
+        return nullptr;
+    }
+    glmrt_cuda_activation_args args;
+    memset(&args, 0, sizeof(args));
+    args.x = c->x;
+    args.x_stride = shape.cols;
+    args.op = GLMRT_ACTIVATION_COPY;
+    args.num_rows = c->max_rows;
+    args.out = o;
+    status = glmrt_cuda_activation_quantize(&args, c->stream, error);
+    return glmrt_bench_status(status, error, "activation quantization") ? o : nullptr;
+}
+
+static void glmrt_bench_print(const char *kind, const glmrt_bench_shape &shape, int32_t rows, const char *path,
+                              double seconds, int64_t weight_bytes, double flops)
+{
+    printf("{\"kind\": \"%s\", \"matrix\": \"%s\", \"n\": %d, \"k\": %d, \"rows\": %d, \"path\": \"%s\", "
+           "\"seconds\": %.9e, \"weight_bytes\": %lld, \"flops\": %.6e}\n",
+           kind, shape.name, shape.rows, shape.cols, rows, path, seconds, (long long)weight_bytes, flops);
+    fflush(stdout);
+}
+
+static int glmrt_bench_shape_run(glmrt_bench_context *c, const glmrt_bench_shape &shape,
+                                 const std::vector<int32_t> &row_counts, int32_t with_high, glmrt_error *error)
+{
+    std::vector<glmrt_bench_copy> copies;
+    if (!glmrt_bench_copies(shape, c->num_sms, &copies, c->scales, error)) {
+        return 0;
+    }
+    const glmrt_cuda_qgemm_operand *operand = glmrt_bench_operand(c, shape, error);
+    if (operand == nullptr) {
+        return 0;
+    }
+    const int64_t matrix_bytes = (int64_t)shape.rows * shape.cols * (shape.format == GLMRT_CUDA_FORMAT_FP8 ? 1 : 2);
+    for (int32_t rows : row_counts) {
+        for (int32_t native = 1; native >= (with_high ? 0 : 1); --native) {
+            glmrt_bench_run r;
+            r.shape = &shape;
+            r.copies = &copies;
+            r.operand = operand;
+            r.rows = rows;
+            r.native = native;
+            r.grid_tiles = 0;
+            r.tile_rows = 0;
+            int64_t weight_bytes = matrix_bytes;
+            const char *kind = rows >= 1024 ? "prefill" : "decode";
+            if (shape.experts > 0) {
+                const int32_t top_k = 8;
+                const int32_t assignments = rows * top_k;
+                r.tile_rows = glmrt_cuda_qgemm_tile_rows(assignments / shape.experts);
+                int64_t touched = 0;
+                int32_t count = glmrt_bench_route(c, rows, shape.experts, top_k, r.tile_rows, &touched);
+                r.rows = assignments;
+                r.grid_tiles = count;
+                weight_bytes = matrix_bytes * touched;
+                kind = "grouped";
+            }
+            double seconds = glmrt_bench_time(c, &r, error);
+            if (seconds < 0.0) {
+                glmrt_bench_free_copies(&copies);
+                return 0;
+            }
+            glmrt_bench_print(kind, shape, rows, native ? "native" : "high", seconds, weight_bytes,
+                              2.0 * r.rows * (double)shape.rows * shape.cols);
+        }
+    }
+    glmrt_bench_free_copies(&copies);
+    return 1;
+}
+
+static double glmrt_bench_copy_bandwidth(cudaStream_t stream)
+{
+    const size_t bytes = 2ull << 30;
+    uint8_t *a = nullptr;
+    uint8_t *b = nullptr;
+    if (!glmrt_bench_ok(cudaMalloc(&a, bytes), "copy buffer") || !glmrt_bench_ok(cudaMalloc(&b, bytes), "copy buffer")) {
+        return 0.0;
+    }
+    cudaMemsetAsync(a, 1, bytes, stream);
+    for (int i = 0; i < 3; ++i) {
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream);
+    }
+    cudaEvent_t start;
+    cudaEvent_t stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    const int reps = 10;
+    cudaEventRecord(start, stream);
+    for (int i = 0; i < reps; ++i) {
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream);
+    }
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * bytes * reps / (ms * 1e-3);
+}
+
+int main(int argc, char **argv)
+{
+    const int32_t with_high = argc > 1 && strcmp(argv[1], "--with-high") == 0;
+    const glmrt_bench_shape dense[] = {
+        {"qkv", 14336, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
+        {"o_proj", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0},
+        {"dense gate_up", 24576, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
+        {"dense down", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0},
+        {"shared gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
+        {"shared down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 0},
+        {"lm_head bf16", 151552, 5120, GLMRT_CUDA_FORMAT_BF16, 0},
+    };
+    const glmrt_bench_shape experts[] = {
+        {"experts gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 160},
+        {"experts down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 160},
+    };
+    glmrt_bench_context c;
+    memset(&c, 0, sizeof(c));
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&c.num_sms, cudaDevAttrMultiProcessorCount, device);
+    if (!glmrt_cuda_qgemm_device_supported(device)) {
+        fprintf(stderr, "the native matmuls need an sm_90 device\n");
+        return 1;
+    }
+    cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking);
+    c.max_rows = 2048;
+    c.max_cols = 12288;
+    const int32_t max_assignments = 256 * 8;
+    const int32_t max_n = 151552;
+    c.split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(GLMRT_QGEMM_MAX_SPLITS * 384);
+    c.split.num_counters = glmrt_cuda_qgemm_split_counters(24576);
+    c.operands = (glmrt_cuda_qgemm_operand *)glmrt_bench_aligned(sizeof(glmrt_cuda_qgemm_operand));
+    if (c.operands == nullptr ||
+        !glmrt_bench_ok(cudaMalloc(&c.x, (size_t)c.max_rows * c.max_cols * sizeof(float)), "cudaMalloc x") ||
+        !glmrt_bench_ok(cudaMalloc(&c.y, (size_t)std::max(c.max_rows, 256) * max_n * sizeof(float)), "cudaMalloc y") ||
+        !glmrt_bench_ok(cudaMalloc(&c.scales, (size_t)max_n * 160 * sizeof(float)), "cudaMalloc scales") ||
+        !glmrt_bench_ok(cudaMalloc(&c.activations, (size_t)c.max_rows * c.max_cols * 2), "cudaMalloc activations") ||
+        !glmrt_bench_ok(cudaMalloc(&c.activation_scales, (size_t)c.max_rows * sizeof(float)), "cudaMalloc scales") ||
+        !glmrt_bench_ok(cudaMalloc(&c.split.partials, (size_t)c.split.partial_elements * 4),
+                        "cudaMalloc partials") ||
+        !glmrt_bench_ok(cudaMalloc(&c.split.counters, (size_t)c.split.num_counters * 4), "cudaMalloc counters") ||
+        !glmrt_bench_ok(cudaMalloc(&c.tiles, (size_t)(max_assignments + 160) * sizeof(glmrt_cuda_gemm_tile)),
+                        "cudaMalloc tiles") ||
+        !glmrt_bench_ok(cudaMalloc(&c.num_tiles, sizeof(int32_t)), "cudaMalloc tile count")) {
+        return 1;
+    }
+    cudaMemset(c.split.counters, 0, (size_t)c.split.num_counters * 4);
+    glmrt_bench_fill_floats<<<1024, 256>>>(c.x, (int64_t)c.max_rows * c.max_cols, 7u, 0.0f, 2.0f);
+    glmrt_bench_fill_floats<<<1024, 256>>>(c.scales, (int64_t)max_n * 160, 9u, 1e-3f, 1e-3f);
+    printf("{\"kind\": \"device\", \"copy_bytes_per_second\": %.6e, \"num_sms\": %d}\n",
+           glmrt_bench_copy_bandwidth(c.stream), c.num_sms);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    const std::vector<int32_t> decode_rows = {1, 8, 16, 32, 64};
+    const std::vector<int32_t> prefill_rows = {2048};
+    for (const glmrt_bench_shape &shape : dense) {
+        if (!glmrt_bench_shape_run(&c, shape, decode_rows, with_high, &error)) {
+            return 1;
+        }
+        if (shape.format == GLMRT_CUDA_FORMAT_FP8 && !glmrt_bench_shape_run(&c, shape, prefill_rows, with_high, &error)) {
+            return 1;
+        }
+    }
+    const std::vector<int32_t> expert_tokens = {256};
+    for (const glmrt_bench_shape &shape : experts) {
+        if (!glmrt_bench_shape_run(&c, shape, expert_tokens, with_high, &error)) {
+            return 1;
+        }
+    }
+    return glmrt_bench_ok(cudaDeviceSynchronize(), "final synchronize") ? 0 : 1;
 }

@@ -1,10 +1,11 @@
 import numpy as np
 import pytest
 from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
-from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, PREFILL_RELATIVE_L2, TIE_MARGIN, WEIGHT_FORMATS,
+from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, TIE_MARGIN, WEIGHT_FORMATS, prefill_bound,
                                check_batched_requests_equal_solo_requests,
                                check_greedy_tokens_follow_cpu_until_a_near_tie,
-                               check_server_streams_offline_engine_tokens, cuda_device_count, cuda_ready,
+                               check_server_streams_offline_engine_tokens, cpu_precision_matching,
+                               cuda_device_count, cuda_ready,
                                first_divergence_margin, greedy_with_logits, prompts_for, random_glm_dir, relative_l2)
 
 from glmrt.engine.engine import Engine
@@ -39,9 +40,10 @@ def first_logits(engine, prompt):
 @pytest.mark.parametrize("num_devices", splits_available())
 def test_split_prefill_logits_match_one_gpu_and_the_cpu_backend(weight_format, num_devices):
     model_dir = wide_model(weight_format)
-    with Engine(model_dir, backend="cpu", num_threads=2, **ENGINE_OPTIONS) as cpu, \
-            Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as one, \
-            Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as split:
+    with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as one, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as split, \
+            Engine(model_dir, backend="cpu", num_threads=2, matmul_precision=cpu_precision_matching(one),
+                   **ENGINE_OPTIONS) as cpu:
         assert split.info().num_devices == num_devices
         for prompt in prompts_for(cpu):
             reference, single, spread = (first_logits(engine, prompt) for engine in (cpu, one, split))
@@ -50,14 +52,14 @@ def test_split_prefill_logits_match_one_gpu_and_the_cpu_backend(weight_format, n
                   f"relative L2 {to_one:.3e} to one GPU, {to_cpu:.3e} to the CPU backend")
             assert np.all(np.isfinite(spread))
             assert to_one < SPLIT_RELATIVE_L2
-            assert to_cpu < PREFILL_RELATIVE_L2
+            assert to_cpu < prefill_bound(weight_format, cpu_precision_matching(one))
 
 
 @pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
 def test_split_greedy_tokens_follow_the_cpu_backend_until_a_near_tie(weight_format):
     model_dir = wide_model(weight_format)
-    with Engine(model_dir, backend="cpu", num_threads=2, **ENGINE_OPTIONS) as cpu, \
-            Engine(model_dir, backend="cuda", num_devices=2, **ENGINE_OPTIONS) as split:
+    with Engine(model_dir, backend="cuda", num_devices=2, matmul_precision="high", **ENGINE_OPTIONS) as split, \
+            Engine(model_dir, backend="cpu", num_threads=2, matmul_precision="high", **ENGINE_OPTIONS) as cpu:
         agreed, total = check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, split)
     print(f"{weight_format} over 2 GPUs: {agreed} of {total} greedy tokens agree before any near-tie divergence")
 

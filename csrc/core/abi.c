@@ -54,4 +54,5 @@ void glmrt_engine_options_default(glmrt_engine_options *options)
     options->random_weights = 0;
     options->random_seed = 0;
     options->enable_prefix_caching = 1;
+    options->matmul_precision = GLMRT_MATMUL_DEFAULT;
 }

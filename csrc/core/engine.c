@@ -39,6 +39,12 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "kv_memory_fraction must be in (0, 1], got %g",
                                (double)o->kv_memory_fraction);
     }
+    if (o->matmul_precision != GLMRT_MATMUL_DEFAULT && o->matmul_precision != GLMRT_MATMUL_HIGH &&
+        o->matmul_precision != GLMRT_MATMUL_NATIVE) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "matmul_precision must be %d (default), %d (high) or %d (native), got %d",
+                               GLMRT_MATMUL_DEFAULT, GLMRT_MATMUL_HIGH, GLMRT_MATMUL_NATIVE, o->matmul_precision);
+    }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");
     }

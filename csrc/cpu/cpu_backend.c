@@ -81,6 +81,7 @@ static glmrt_status cpu_allocate_activations(glmrt_cpu_backend *backend, glmrt_e
     cpu_arena_add(&arena, &a->final_hidden, (int64_t)d->max_batch * d->hidden, sizeof(float));
     cpu_arena_add(&arena, &a->logits, (int64_t)d->max_batch * d->vocab, sizeof(float));
     cpu_arena_add(&arena, &a->inv_freq, d->rotary_half, sizeof(float));
+    cpu_arena_add(&arena, &a->native_rows, backend->native_matmuls ? t * d->hidden : 1, sizeof(float));
     cpu_arena_add(&arena, &a->jobs, d->job_capacity, sizeof(glmrt_matmul_job));
     cpu_arena_add(&arena, &a->pairs.expert_counts, d->num_experts, sizeof(int32_t));
     cpu_arena_add(&arena, &a->pairs.expert_offsets, (int64_t)d->num_experts + 1, sizeof(int32_t));
@@ -251,6 +252,7 @@ static glmrt_status cpu_backend_create(glmrt_engine *engine, void **out_state)
     }
     backend->engine = engine;
     backend->config = engine->config;
+    backend->native_matmuls = engine->options.matmul_precision == GLMRT_MATMUL_NATIVE;
     backend->weights = &engine->weights;
     glmrt_status status = cpu_backend_build(backend, engine, &engine->error);
     if (status != GLMRT_OK) {

@@ -46,6 +46,7 @@ typedef struct glmrt_cpu_activations {
     float *final_hidden;
     float *logits;
     float *inv_freq;
+    float *native_rows;
     glmrt_matmul_job *jobs;
     glmrt_moe_pairs pairs;
 } glmrt_cpu_activations;
@@ -74,8 +75,18 @@ typedef struct glmrt_cpu_dims {
     int32_t job_capacity;
 } glmrt_cpu_dims;
 
+typedef struct glmrt_cpu_rounding {
+    const glmrt_linear *weight;
+    const float *x;
+    int64_t x_stride;
+    float *out;
+    int64_t out_stride;
+    int32_t cols;
+} glmrt_cpu_rounding;
+
 typedef struct glmrt_cpu_step {
     const glmrt_step_batch *batch;
+    glmrt_cpu_rounding rounding;
     int32_t layer_index;
     const glmrt_cpu_layer_params *layer;
     const float *residual_add;
@@ -90,6 +101,7 @@ typedef struct glmrt_cpu_backend {
     const glmrt_weights *weights;
     const glmrt_linear *lm_head;
     int32_t num_threads;
+    int32_t native_matmuls;
     glmrt_threadpool *pool;
     glmrt_linear_runner linear;
     glmrt_kv_cache kv;

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "cpu_backend.h"
+#include "number_formats.h"
 #include "norm_rope.h"
 
 static void forward_embed_task(void *context, int32_t t, int32_t thread_index)
@@ -32,6 +33,13 @@ static void forward_heads_norm_rope(const glmrt_cpu_backend *b, float *heads, in
     }
 }
 
+static void forward_round_bf16(float *values, int32_t n)
+{
+    for (int32_t i = 0; i < n; ++i) {
+        values[i] = glmrt_bf16_decode(glmrt_bf16_encode(values[i]));
+    }
+}
+
 static void forward_qk_store_task(void *context, int32_t t, int32_t thread_index)
 {
     glmrt_cpu_backend *b = context;
@@ -40,6 +48,10 @@ static void forward_qk_store_task(void *context, int32_t t, int32_t thread_index
     float *key = b->act.k + (int64_t)t * d->kv_dim;
     forward_heads_norm_rope(b, b->act.q + (int64_t)t * d->q_dim, d->num_heads, layer->q_norm, t);
     forward_heads_norm_rope(b, key, d->num_kv_heads, layer->k_norm, t);
+    if (b->native_matmuls) {
+        forward_round_bf16(key, d->kv_dim);
+        forward_round_bf16(b->act.v + (int64_t)t * d->kv_dim, d->kv_dim);
+    }
     glmrt_kv_cache_store_token(&b->kv, b->step.layer_index, b->step.batch, t, key,
                                b->act.v + (int64_t)t * d->kv_dim);
 }
@@ -107,6 +119,32 @@ static void forward_run(glmrt_cpu_backend *b, int32_t num_tasks, glmrt_threadpoo
     glmrt_threadpool_run_sized(b->pool, num_tasks, fn, b, task_work * num_tasks);
 }
 
+static void forward_round_task(void *context, int32_t task, int32_t thread_index)
+{
+    glmrt_cpu_backend *b = context;
+    const glmrt_cpu_rounding *r = &b->step.rounding;
+    (void)thread_index;
+    glmrt_linear_round_row(r->weight, r->x + (int64_t)task * r->x_stride, r->out + (int64_t)task * r->out_stride,
+                           r->cols);
+}
+
+static const float *forward_native_input(glmrt_cpu_backend *b, const glmrt_linear *weight, const float *x,
+                                         int64_t x_stride, float *out, int64_t out_stride, int32_t rows)
+{
+    if (!b->native_matmuls || !glmrt_linear_rounds_inputs(weight) || rows <= 0) {
+        return x;
+    }
+    glmrt_cpu_rounding *r = &b->step.rounding;
+    r->weight = weight;
+    r->x = x;
+    r->x_stride = x_stride;
+    r->out = out;
+    r->out_stride = out_stride;
+    r->cols = weight->cols;
+    forward_run(b, rows, forward_round_task, 4 * (int64_t)weight->cols);
+    return out;
+}
+
 static glmrt_matmul_job forward_job(const glmrt_linear *weight, const glmrt_linear *up_weight, const float *bias,
                                     int32_t rows, const float *x, int64_t x_stride, float *y, int64_t y_stride)
 {
@@ -129,9 +167,10 @@ static glmrt_status forward_attention(glmrt_cpu_backend *b, int32_t rows, glmrt_
     const glmrt_cpu_layer_params *layer = b->step.layer;
     const glmrt_layer_weights *w = layer->weights;
     glmrt_matmul_job *jobs = b->act.jobs;
-    jobs[0] = forward_job(&w->q_proj, NULL, layer->q_bias, rows, b->act.normed, d->hidden, b->act.q, d->q_dim);
-    jobs[1] = forward_job(&w->k_proj, NULL, layer->k_bias, rows, b->act.normed, d->hidden, b->act.k, d->kv_dim);
-    jobs[2] = forward_job(&w->v_proj, NULL, layer->v_bias, rows, b->act.normed, d->hidden, b->act.v, d->kv_dim);
+    const float *x = forward_native_input(b, &w->q_proj, b->act.normed, d->hidden, b->act.native_rows, d->hidden, rows);
+    jobs[0] = forward_job(&w->q_proj, NULL, layer->q_bias, rows, x, d->hidden, b->act.q, d->q_dim);
+    jobs[1] = forward_job(&w->k_proj, NULL, layer->k_bias, rows, x, d->hidden, b->act.k, d->kv_dim);
+    jobs[2] = forward_job(&w->v_proj, NULL, layer->v_bias, rows, x, d->hidden, b->act.v, d->kv_dim);
     glmrt_status status = glmrt_linear_run(&b->linear, jobs, 3, error);
     if (status != GLMRT_OK) {
         return status;
@@ -148,7 +187,8 @@ static glmrt_status forward_attention(glmrt_cpu_backend *b, int32_t rows, glmrt_
     args.scores = b->threads[0].scores;
     args.scores_stride = b->thread_stride_bytes / (int64_t)sizeof(float);
     glmrt_attention_run(b->pool, &args);
-    jobs[0] = forward_job(&w->o_proj, NULL, NULL, rows, b->act.attn, d->q_dim, b->act.proj, d->hidden);
+    x = forward_native_input(b, &w->o_proj, b->act.attn, d->q_dim, b->act.attn, d->q_dim, rows);
+    jobs[0] = forward_job(&w->o_proj, NULL, NULL, rows, x, d->q_dim, b->act.proj, d->hidden);
     status = glmrt_linear_run(&b->linear, jobs, 1, error);
     if (status != GLMRT_OK) {
         return status;
@@ -165,12 +205,15 @@ static glmrt_status forward_dense_mlp(glmrt_cpu_backend *b, int32_t rows, glmrt_
     const glmrt_layer_weights *w = b->step.layer->weights;
     int32_t width = b->config.intermediate_size;
     glmrt_matmul_job *jobs = b->act.jobs;
-    jobs[0] = forward_job(&w->mlp_gate, &w->mlp_up, NULL, rows, b->act.normed, d->hidden, b->act.mlp_act, width);
+    const float *x = forward_native_input(b, &w->mlp_gate, b->act.normed, d->hidden, b->act.native_rows, d->hidden,
+                                          rows);
+    jobs[0] = forward_job(&w->mlp_gate, &w->mlp_up, NULL, rows, x, d->hidden, b->act.mlp_act, width);
     glmrt_status status = glmrt_linear_run(&b->linear, jobs, 1, error);
     if (status != GLMRT_OK) {
         return status;
     }
-    jobs[0] = forward_job(&w->mlp_down, NULL, NULL, rows, b->act.mlp_act, width, b->act.proj, d->hidden);
+    x = forward_native_input(b, &w->mlp_down, b->act.mlp_act, width, b->act.mlp_act, width, rows);
+    jobs[0] = forward_job(&w->mlp_down, NULL, NULL, rows, x, width, b->act.proj, d->hidden);
     status = glmrt_linear_run(&b->linear, jobs, 1, error);
     if (status != GLMRT_OK) {
         return status;
@@ -192,20 +235,23 @@ static glmrt_status forward_moe(glmrt_cpu_backend *b, int32_t rows, glmrt_error 
     }
     forward_run(b, rows, forward_route_task, (int64_t)d->num_experts * (d->top_k + 4));
     glmrt_moe_pairs_group(&a->pairs, rows, d->top_k, a->route_experts);
-    int32_t num_jobs = glmrt_moe_jobs_gate_up(&a->pairs, w, a->normed, d->hidden, a->expert_act, d->expert_width,
-                                              a->jobs);
+    const float *x = forward_native_input(b, &w->expert_gate[0], a->normed, d->hidden, a->native_rows, d->hidden, rows);
+    int32_t num_jobs = glmrt_moe_jobs_gate_up(&a->pairs, w, x, d->hidden, a->expert_act, d->expert_width, a->jobs);
     if (d->shared_width > 0) {
-        a->jobs[num_jobs++] = forward_job(&w->shared_gate, &w->shared_up, NULL, rows, a->normed, d->hidden,
-                                          a->mlp_act, d->shared_width);
+        a->jobs[num_jobs++] = forward_job(&w->shared_gate, &w->shared_up, NULL, rows, x, d->hidden, a->mlp_act,
+                                          d->shared_width);
     }
     status = glmrt_linear_run(&b->linear, a->jobs, num_jobs, error);
     if (status != GLMRT_OK) {
         return status;
     }
+    int32_t assignments = a->pairs.expert_offsets[d->num_experts];
+    forward_native_input(b, &w->expert_down[0], a->expert_act, d->expert_width, a->expert_act, d->expert_width,
+                         assignments);
     num_jobs = glmrt_moe_jobs_down(&a->pairs, w, a->expert_act, d->expert_width, a->expert_out, d->hidden, a->jobs);
     if (d->shared_width > 0) {
-        a->jobs[num_jobs++] = forward_job(&w->shared_down, NULL, NULL, rows, a->mlp_act, d->shared_width, a->proj,
-                                          d->hidden);
+        x = forward_native_input(b, &w->shared_down, a->mlp_act, d->shared_width, a->mlp_act, d->shared_width, rows);
+        a->jobs[num_jobs++] = forward_job(&w->shared_down, NULL, NULL, rows, x, d->shared_width, a->proj, d->hidden);
     }
     status = glmrt_linear_run(&b->linear, a->jobs, num_jobs, error);
     if (status != GLMRT_OK) {
@@ -236,8 +282,9 @@ static glmrt_status forward_logits(glmrt_cpu_backend *b, float *out_logits, glmr
     const glmrt_cpu_dims *d = &b->dims;
     int32_t num_samples = b->step.batch->num_samples;
     forward_run(b, num_samples, forward_final_norm_task, 3 * (int64_t)d->hidden);
-    b->act.jobs[0] = forward_job(b->lm_head, NULL, NULL, num_samples, b->act.final_hidden, d->hidden, b->act.logits,
-                                 d->vocab);
+    const float *x = forward_native_input(b, b->lm_head, b->act.final_hidden, d->hidden, b->act.final_hidden,
+                                          d->hidden, num_samples);
+    b->act.jobs[0] = forward_job(b->lm_head, NULL, NULL, num_samples, x, d->hidden, b->act.logits, d->vocab);
     glmrt_status status = glmrt_linear_run(&b->linear, b->act.jobs, 1, error);
     if (status != GLMRT_OK) {
         return status;

@@ -158,6 +158,35 @@ void glmrt_linear_dequant_row(const glmrt_linear *weight, int32_t row, float *ou
     }
 }
 
+int glmrt_linear_rounds_inputs(const glmrt_linear *weight)
+{
+    return weight->dtype == GLMRT_DTYPE_F8_E4M3 || weight->dtype == GLMRT_DTYPE_BF16;
+}
+
+void glmrt_linear_round_row(const glmrt_linear *weight, const float *x, float *out, int32_t n)
+{
+    if (weight->dtype == GLMRT_DTYPE_BF16) {
+        for (int32_t k = 0; k < n; ++k) {
+            out[k] = glmrt_bf16_decode(glmrt_bf16_encode(x[k]));
+        }
+        return;
+    }
+    if (weight->dtype != GLMRT_DTYPE_F8_E4M3) {
+        if (out != x) {
+            memmove(out, x, (size_t)n * sizeof(float));
+        }
+        return;
+    }
+    float amax = 0.0f;
+    for (int32_t k = 0; k < n; ++k) {
+        amax = fmaxf(amax, fabsf(x[k]));
+    }
+    float scale = amax > 0.0f ? amax / GLMRT_FP8_E4M3_MAX : 1.0f;
+    for (int32_t k = 0; k < n; ++k) {
+        out[k] = glmrt_e4m3_decode(glmrt_e4m3_encode(x[k] / scale)) * scale;
+    }
+}
+
 static inline float dot_lanes_combine(const float lanes[GLMRT_DOT_LANES])
 {
     float half[8];

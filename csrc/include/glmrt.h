@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 4
+#define GLMRT_ABI_VERSION 5
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -41,6 +41,12 @@ enum glmrt_weight_quant {
     GLMRT_QUANT_NONE = 0,
     GLMRT_QUANT_FP8_CHANNEL = 1,
     GLMRT_QUANT_FP8_BLOCK = 2
+};
+
+enum glmrt_matmul_precision {
+    GLMRT_MATMUL_DEFAULT = 0,
+    GLMRT_MATMUL_HIGH = 1,
+    GLMRT_MATMUL_NATIVE = 2
 };
 
 enum glmrt_finish_reason {
@@ -94,6 +100,7 @@ typedef struct glmrt_engine_options {
     int32_t random_weights;
     uint64_t random_seed;
     int32_t enable_prefix_caching;
+    int32_t matmul_precision;
 } glmrt_engine_options;
 
 typedef struct glmrt_rank_info {
@@ -155,6 +162,7 @@ typedef struct glmrt_engine_info {
     int64_t kv_cache_bytes;
     int64_t workspace_bytes;
     int64_t kv_bytes_per_page;
+    int32_t num_native_matmuls;
     char device_name[128];
 } glmrt_engine_info;
 

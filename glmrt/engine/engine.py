@@ -11,6 +11,7 @@ from glmrt.model.config import load_model_config
 from glmrt.model.native_config import native_model_config
 
 BACKENDS = {"cpu": native.BACKEND_CPU, "cuda": native.BACKEND_CUDA}
+MATMUL_PRECISIONS = {"default": native.MATMUL_DEFAULT, "high": native.MATMUL_HIGH, "native": native.MATMUL_NATIVE}
 
 
 @dataclass
@@ -63,6 +64,7 @@ class EngineInfo:
     kv_cache_bytes: int
     workspace_bytes: int
     kv_bytes_per_page: int
+    num_native_matmuls: int
     device_name: str
 
 
@@ -124,9 +126,12 @@ class StepPlan:
 class Engine:
     def __init__(self, model_dir, backend="cpu", num_threads=0, max_batch=32, max_tokens_per_step=256,
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
-                 random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True):
+                 random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
+                 matmul_precision="default"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+        if matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"matmul_precision must be one of {sorted(MATMUL_PRECISIONS)}, got {matmul_precision!r}")
         self.backend = backend
         self.model_dir = str(model_dir)
         self.config = config if config is not None else load_model_config(model_dir,
@@ -147,6 +152,7 @@ class Engine:
         options.random_weights = 1 if random_weights else 0
         options.random_seed = int(random_seed)
         options.enable_prefix_caching = 1 if enable_prefix_caching else 0
+        options.matmul_precision = MATMUL_PRECISIONS[matmul_precision]
         self._native_config = native_model_config(self.config)
         handle = native.engine_p()
         message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)

@@ -7,10 +7,13 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 4
+GLMRT_ABI_VERSION = 5
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
+MATMUL_DEFAULT = 0
+MATMUL_HIGH = 1
+MATMUL_NATIVE = 2
 
 QUANT_NONE = 0
 QUANT_FP8_CHANNEL = 1
@@ -73,6 +76,7 @@ class EngineOptionsStruct(ctypes.Structure):
         ("random_weights", ctypes.c_int32),
         ("random_seed", ctypes.c_uint64),
         ("enable_prefix_caching", ctypes.c_int32),
+        ("matmul_precision", ctypes.c_int32),
     ]
 
 
@@ -131,6 +135,7 @@ class EngineInfoStruct(ctypes.Structure):
         ("kv_cache_bytes", ctypes.c_int64),
         ("workspace_bytes", ctypes.c_int64),
         ("kv_bytes_per_page", ctypes.c_int64),
+        ("num_native_matmuls", ctypes.c_int32),
         ("device_name", ctypes.c_char * 128),
     ]
 

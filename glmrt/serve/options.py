@@ -66,6 +66,10 @@ def add_engine_options(parser):
                        help="run only the first N decoder layers")
     group.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse the KV pages of prompt prefixes computed before (on by default)")
+    group.add_argument("--matmul-precision", choices=("default", "native", "high"), default="default",
+                       help="native rounds matmul inputs to the weights' format (per-token E4M3 for FP8, BF16 for "
+                            "BF16), as the CUDA backend's tensor-core matmuls do on Hopper; high keeps f32 inputs; "
+                            "default is native on the CUDA backend and high on the CPU backend")
     return group
 
 
@@ -132,7 +136,8 @@ def engine_kwargs(args):
                   max_tokens_per_step=args.max_tokens_per_step, kv_page_size=args.kv_page_size,
                   max_context=args.max_context, device_id=args.device_id, num_devices=args.num_devices,
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
-                  num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching)
+                  num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
+                  matmul_precision=args.matmul_precision)
     if args.kv_pages is not None:
         kwargs["kv_num_pages"] = args.kv_pages
     elif args.backend == "cuda":

@@ -20,7 +20,7 @@ fi
 echo "build seconds $(( $(date +%s) - start ))"
 grep -E "warning" "$out/build.log" | head -10
 
-for driver in test_cuda_fp8 test_cuda_gemm test_cuda_attention test_cuda_moe_sampling; do
+for driver in test_cuda_fp8 test_cuda_gemm test_cuda_qgemm test_cuda_attention test_cuda_moe_sampling; do
     timeout 180 "build/$driver" > "$out/$driver.log" 2>&1
     echo "$driver rc=$?"
     grep -E "FAIL|checks|row " "$out/$driver.log" | head -20

@@ -4,19 +4,22 @@
 #include "ops.cuh"
 
 #define GLMRT_ATTENTION_MAX_GROUP 16
-#define GLMRT_ATTENTION_PREFILL_TOKENS 4
-#define GLMRT_ATTENTION_KEY_TILE 32
+#define GLMRT_ATTENTION_KEY_TILE 64
+#define GLMRT_ATTENTION_PREFILL_ROWS 128
+#define GLMRT_ATTENTION_PREFILL_TOKENS (GLMRT_ATTENTION_PREFILL_ROWS / GLMRT_ATTENTION_MAX_GROUP)
 #define GLMRT_ATTENTION_KEYS_PER_SPLIT 512
-#define GLMRT_ATTENTION_MAX_SPLITS 16
+#define GLMRT_ATTENTION_MAX_SPLITS 32
 
 typedef struct glmrt_cuda_attention_item {
     int32_t seq;
     int32_t token_begin;
     int32_t num_tokens;
+    int32_t row_begin;
     int32_t key_begin;
     int32_t key_end;
     int32_t partial;
-    int32_t reserved[2];
+    int32_t split_keys;
+    int32_t max_splits;
 } glmrt_cuda_attention_item;
 
 typedef struct glmrt_cuda_attention_merge {
@@ -43,6 +46,16 @@ typedef struct glmrt_cuda_attention_args {
     float *partial_out;
     float *partial_stats;
 } glmrt_cuda_attention_args;
+
+__host__ __device__ __forceinline__ int32_t glmrt_attention_split_span(int32_t keys, int32_t split_keys,
+                                                                       int32_t max_splits)
+{
+    int32_t span = split_keys;
+    while ((keys + span - 1) / span > max_splits) {
+        span *= 2;
+    }
+    return span;
+}
 
 int32_t glmrt_cuda_attention_prefill_tokens(int32_t head_dim);
 glmrt_status glmrt_cuda_attention_prepare(int32_t head_dim, int32_t group, glmrt_error *error);

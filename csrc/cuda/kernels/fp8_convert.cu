@@ -28,34 +28,6 @@ __global__ void glmrt_fp8_encode_kernel(const float *values, uint8_t *out, int64
     }
 }
 
-__global__ void glmrt_fp8_quantize_tokens_kernel(const float *x, int64_t x_stride, int32_t cols, uint8_t *out,
-                                                 float *out_scales)
-{
-    __shared__ float warp_max[GLMRT_FP8_THREADS / 32];
-    const float *row = x + (int64_t)blockIdx.x * x_stride;
-    uint8_t *q = out + (int64_t)blockIdx.x * cols;
-    float amax = 0.0f;
-    for (int32_t i = threadIdx.x; i < cols; i += blockDim.x) {
-        amax = fmaxf(amax, fabsf(row[i]));
-    }
-    amax = glmrt_warp_max(amax);
-    if ((threadIdx.x & 31) == 0) {
-        warp_max[threadIdx.x >> 5] = amax;
-    }
-    __syncthreads();
-    amax = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
-        amax = fmaxf(amax, warp_max[w]);
-    }
-    float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (int32_t i = threadIdx.x; i < cols; i += blockDim.x) {
-        q[i] = glmrt_float_to_fp8_e4m3_bits(row[i] / scale);
-    }
-    if (threadIdx.x == 0) {
-        out_scales[blockIdx.x] = scale;
-    }
-}
-
 glmrt_status glmrt_cuda_fp8_decode(const uint8_t *bits, float *out, int64_t count, cudaStream_t stream,
                                    glmrt_error *error)
 {
@@ -79,16 +51,5 @@ glmrt_status glmrt_cuda_fp8_encode(const float *values, uint8_t *out, int64_t co
     }
     glmrt_fp8_encode_kernel<<<glmrt_fp8_blocks(count), GLMRT_FP8_THREADS, 0, stream>>>(values, out, count);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_fp8_encode_kernel");
-    return GLMRT_OK;
-}
-
-glmrt_status glmrt_cuda_fp8_quantize_tokens(const float *x, int64_t x_stride, int32_t num_rows, int32_t cols,
-                                            uint8_t *out, float *out_scales, cudaStream_t stream, glmrt_error *error)
-{
-    if (num_rows <= 0) {
-        return GLMRT_OK;
-    }
-    glmrt_fp8_quantize_tokens_kernel<<<num_rows, GLMRT_FP8_THREADS, 0, stream>>>(x, x_stride, cols, out, out_scales);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_fp8_quantize_tokens_kernel");
     return GLMRT_OK;
 }

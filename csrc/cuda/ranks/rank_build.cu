@@ -26,6 +26,7 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
         cudaStreamDestroy(st->stream);
     }
     glmrt_cuda_model_release(&st->model);
+    glmrt_cuda_matmuls_release(st);
     st->weight_memory = nullptr;
     st->workspace_memory = nullptr;
     st->kv_memory = nullptr;
@@ -119,7 +120,8 @@ glmrt_status glmrt_cuda_rank_load(glmrt_cuda_state *st)
     st->owns_residual = st->rank.index == 0;
     st->rms_eps = engine->config.rms_norm_eps;
     st->attention_scale = 1.0f / sqrtf((float)st->dims.head_dim);
-    return glmrt_cuda_load_weights(st);
+    GLMRT_TRY(glmrt_cuda_load_weights(st));
+    return glmrt_cuda_matmuls_plan(st);
 }
 
 static void glmrt_cuda_plan_capacity(glmrt_cuda_state *st, int32_t kv_pages)
@@ -139,6 +141,7 @@ static void glmrt_cuda_plan_capacity(glmrt_cuda_state *st, int32_t kv_pages)
     c->max_merges = d->max_batch;
     st->split_policy.keys_per_split = GLMRT_ATTENTION_KEYS_PER_SPLIT;
     st->split_policy.max_splits = GLMRT_ATTENTION_MAX_SPLITS;
+    st->split_policy.group = d->group;
 }
 
 static glmrt_status glmrt_cuda_sort_bytes(const glmrt_cuda_state *st, size_t *out)
@@ -216,6 +219,7 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     if (d->has_head) {
         GLMRT_TRY(glmrt_cuda_sampler_init(&st->ws.sampler, st->stream, st->error));
     }
+    GLMRT_TRY(glmrt_cuda_matmuls_bind(st));
     GLMRT_CUDA_TRY(st->error, cudaStreamSynchronize(st->stream));
     return GLMRT_OK;
 }

@@ -7,6 +7,7 @@
 #include "attention.cuh"
 #include "device_model.cuh"
 #include "gemm.cuh"
+#include "qgemm.cuh"
 #include "sampling.cuh"
 #include "rank_plan.h"
 #include "step_inputs.cuh"
@@ -44,6 +45,11 @@ typedef struct glmrt_cuda_dims {
     int32_t max_assignments;
     int32_t max_expert_tiles;
     int32_t max_partials;
+    int32_t activation_bytes;
+    int32_t head_activation_bytes;
+    int32_t max_split_n;
+    int32_t max_split_units;
+    int64_t split_partial_elements;
 } glmrt_cuda_dims;
 
 typedef struct glmrt_cuda_workspace {
@@ -71,8 +77,36 @@ typedef struct glmrt_cuda_workspace {
     float *logits;
     int32_t *sampled;
     uint8_t *step_inputs;
+    uint8_t *act_rows;
+    float *act_row_scales;
+    uint8_t *act_wide;
+    float *act_wide_scales;
+    uint8_t *act_expert_in;
+    float *act_expert_in_scales;
+    uint8_t *act_expert;
+    float *act_expert_scales;
+    uint8_t *act_head;
+    float *act_head_scales;
+    float *split_partials;
+    int32_t *split_counters;
     glmrt_cuda_sampler sampler;
 } glmrt_cuda_workspace;
+
+typedef struct glmrt_cuda_matmuls {
+    glmrt_cuda_qgemm_operand rows;
+    glmrt_cuda_qgemm_operand attention;
+    glmrt_cuda_qgemm_operand dense_act;
+    glmrt_cuda_qgemm_operand shared_act;
+    glmrt_cuda_qgemm_operand expert_in;
+    glmrt_cuda_qgemm_operand expert_act;
+    glmrt_cuda_qgemm_operand head;
+    glmrt_cuda_qgemm_split split;
+    glmrt_cuda_qgemm_weight *weights;
+    int32_t num_weights;
+    int32_t capacity;
+    int32_t kind;
+    int32_t head_kind;
+} glmrt_cuda_matmuls;
 
 typedef struct glmrt_cuda_state {
     glmrt_engine *engine;
@@ -100,6 +134,7 @@ typedef struct glmrt_cuda_state {
     glmrt_cuda_kv_layout kv;
     glmrt_cuda_step_capacity capacity;
     glmrt_cuda_split_policy split_policy;
+    glmrt_cuda_matmuls *matmuls;
     int64_t step_input_bytes;
     int32_t *host_sampled;
     float rms_eps;
@@ -114,6 +149,9 @@ glmrt_status glmrt_cuda_rank_load(glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_rank_page_capacity(glmrt_cuda_state *st, int32_t *out_pages);
 glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages);
 void glmrt_cuda_rank_release(glmrt_cuda_state *st);
+glmrt_status glmrt_cuda_matmuls_plan(glmrt_cuda_state *st);
+glmrt_status glmrt_cuda_matmuls_bind(glmrt_cuda_state *st);
+void glmrt_cuda_matmuls_release(glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *state, const glmrt_cuda_step_counts *counts,
                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
 

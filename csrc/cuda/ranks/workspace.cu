@@ -69,6 +69,35 @@ glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_rank
     return GLMRT_OK;
 }
 
+static void glmrt_cuda_workspace_layout_activations(const glmrt_cuda_dims *d, glmrt_cuda_arena *arena,
+                                                    glmrt_cuda_workspace *ws)
+{
+    int64_t t = d->max_tokens;
+    int64_t a = d->max_assignments > 0 ? d->max_assignments : 1;
+    int64_t b = d->max_batch;
+    if (d->activation_bytes > 0) {
+        int64_t wide = glmrt_max_i32(d->q_width, d->mlp_width);
+        ws->act_rows = glmrt_cuda_arena_take(arena, t * d->hidden * d->activation_bytes);
+        ws->act_row_scales = glmrt_cuda_arena_array<float>(arena, t);
+        ws->act_wide = glmrt_cuda_arena_take(arena, t * wide * d->activation_bytes);
+        ws->act_wide_scales = glmrt_cuda_arena_array<float>(arena, t);
+        if (d->has_moe) {
+            ws->act_expert_in = glmrt_cuda_arena_take(arena, a * d->hidden * d->activation_bytes);
+            ws->act_expert_in_scales = glmrt_cuda_arena_array<float>(arena, a);
+            ws->act_expert = glmrt_cuda_arena_take(arena, a * d->expert_width * d->activation_bytes);
+            ws->act_expert_scales = glmrt_cuda_arena_array<float>(arena, a);
+        }
+    }
+    if (d->head_activation_bytes > 0) {
+        ws->act_head = glmrt_cuda_arena_take(arena, b * d->hidden * d->head_activation_bytes);
+        ws->act_head_scales = glmrt_cuda_arena_array<float>(arena, b);
+    }
+    if (d->max_split_n > 0) {
+        ws->split_partials = glmrt_cuda_arena_array<float>(arena, d->split_partial_elements);
+        ws->split_counters = glmrt_cuda_arena_array<int32_t>(arena, glmrt_cuda_qgemm_split_counters(d->max_split_n));
+    }
+}
+
 void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step_capacity *capacity,
                                  size_t sort_bytes, uint8_t *base, glmrt_cuda_workspace *ws, int64_t *out_bytes)
 {
@@ -105,6 +134,7 @@ void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step
     ws->logits = glmrt_cuda_arena_array<float>(&arena, b * d->vocab_local);
     ws->sampled = glmrt_cuda_arena_array<int32_t>(&arena, b);
     ws->step_inputs = glmrt_cuda_arena_take(&arena, glmrt_cuda_step_capacity_bytes(capacity));
+    glmrt_cuda_workspace_layout_activations(d, &arena, ws);
     glmrt_cuda_sampler *s = &ws->sampler;
     int64_t cells = b * d->vocab_local;
     s->max_rows = d->max_batch;

@@ -1,5 +1,6 @@
 #include <string.h>
 
+#include "activation_quant.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "moe.cuh"
@@ -14,6 +15,13 @@ typedef struct glmrt_step_context {
     glmrt_error *error;
     cudaStream_t stream;
 } glmrt_step_context;
+
+static const glmrt_cuda_qgemm_operand *glmrt_step_operand(const glmrt_step_context *step,
+                                                         glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*which)
+{
+    glmrt_cuda_matmuls *m = step->state->matmuls;
+    return m != nullptr ? &(m->*which) : nullptr;
+}
 
 static glmrt_status glmrt_step_check_peers(const glmrt_step_context *step)
 {
@@ -32,6 +40,49 @@ static glmrt_status glmrt_step_reduce(const glmrt_step_context *step, int32_t ro
                                     step->error);
 }
 
+static glmrt_status glmrt_step_quantize(const glmrt_step_context *step, const glmrt_cuda_qgemm_operand *out,
+                                        const float *x, int64_t x_stride, const int32_t *x_rows, int32_t op,
+                                        int32_t num_rows, const int32_t *device_rows)
+{
+    glmrt_cuda_activation_args args;
+    args.x = x;
+    args.x_stride = x_stride;
+    args.x_rows = x_rows;
+    args.op = op;
+    args.num_rows = num_rows;
+    args.device_rows = device_rows;
+    args.out = out;
+    return glmrt_cuda_activation_quantize(&args, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
+                                            const glmrt_cuda_qgemm_operand *x, float *y, int64_t y_stride,
+                                            int32_t num_rows, const float *bias, int32_t accumulate)
+{
+    glmrt_cuda_qgemm_call call;
+    memset(&call, 0, sizeof(call));
+    call.w = w;
+    call.x = x;
+    call.num_rows = num_rows;
+    call.y = y;
+    call.y_stride = y_stride;
+    call.bias = bias;
+    call.accumulate = accumulate;
+    return glmrt_cuda_qgemm_run(&call, &step->state->matmuls->split, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
+                                     const glmrt_cuda_qgemm_operand *x_native, const float *x, int64_t x_stride,
+                                     float *y, int64_t y_stride, int32_t num_rows, const float *bias,
+                                     int32_t accumulate)
+{
+    if (w->qgemm != nullptr) {
+        GLMRT_TRY(glmrt_step_quantize(step, x_native, x, x_stride, nullptr, GLMRT_ACTIVATION_COPY, num_rows, nullptr));
+        return glmrt_step_native_dense(step, w, x_native, y, y_stride, num_rows, bias, accumulate);
+    }
+    return glmrt_cuda_gemm_dense(w, x, x_stride, y, y_stride, num_rows, bias, accumulate, step->stream, step->error);
+}
+
 static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t index)
 {
     glmrt_cuda_state *st = step->state;
@@ -42,8 +93,8 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     int32_t t = step->counts->num_tokens;
     GLMRT_TRY(glmrt_cuda_rmsnorm(ws->hidden, d->hidden, nullptr, t, layer->input_norm, d->hidden, st->rms_eps,
                                  ws->normed, d->hidden, step->stream, step->error));
-    GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->qkv, ws->normed, d->hidden, ws->qkv, d->qkv_width, t, layer->qkv_bias, 0,
-                                    step->stream, step->error));
+    GLMRT_TRY(glmrt_step_dense(step, &layer->qkv, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows), ws->normed,
+                               d->hidden, ws->qkv, d->qkv_width, t, layer->qkv_bias, 0));
     glmrt_cuda_rope_args rope;
     rope.qkv = ws->qkv;
     rope.qkv_stride = d->qkv_width;
@@ -84,31 +135,71 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     GLMRT_TRY(glmrt_cuda_attention_merge_run(step->view.merges, step->counts->num_merges, d->num_q_heads, d->group,
                                              d->num_kv_heads, d->head_dim, ws->partial_out, ws->partial_stats,
                                              ws->attn, d->q_width, step->stream, step->error));
-    GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->o_proj, ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr,
-                                    st->owns_residual, step->stream, step->error));
+    GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
+                               ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr, st->owns_residual));
     return glmrt_step_reduce(step, t);
 }
 
 static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_cuda_matrix *gate_up,
-                                          const glmrt_cuda_matrix *down, float *out, int32_t accumulate)
+                                          const glmrt_cuda_matrix *down, glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*act,
+                                          float *out, int32_t accumulate)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t width = down->cols;
-    GLMRT_TRY(glmrt_cuda_gemm_dense(gate_up, ws->normed, d->hidden, ws->mlp_gate_up, 2 * (int64_t)width, t, nullptr, 0,
-                                    step->stream, step->error));
+    GLMRT_TRY(glmrt_step_dense(step, gate_up, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows), ws->normed,
+                               d->hidden, ws->mlp_gate_up, 2 * (int64_t)width, t, nullptr, 0));
+    if (down->qgemm != nullptr) {
+        const glmrt_cuda_qgemm_operand *x = glmrt_step_operand(step, act);
+        GLMRT_TRY(glmrt_step_quantize(step, x, ws->mlp_gate_up, 2 * (int64_t)width, nullptr, GLMRT_ACTIVATION_SILU_MUL,
+                                      t, nullptr));
+        return glmrt_step_native_dense(step, down, x, out, d->hidden, t, nullptr, accumulate);
+    }
     GLMRT_TRY(glmrt_cuda_silu_mul(ws->mlp_gate_up, width, t, nullptr, ws->mlp_act, step->stream, step->error));
     return glmrt_cuda_gemm_dense(down, ws->mlp_act, width, out, d->hidden, t, nullptr, accumulate, step->stream,
                                  step->error);
 }
 
-static int32_t glmrt_expert_tile_rows(const glmrt_cuda_dims *d, int32_t num_tokens)
+static int32_t glmrt_expert_tile_rows(const glmrt_cuda_dims *d, int32_t num_tokens, int32_t native)
 {
     int32_t assignments = num_tokens * d->top_k;
     int32_t active = assignments < d->num_local_experts ? assignments : d->num_local_experts;
-    return glmrt_cuda_gemm_tile_rows(active > 0 ? assignments / active : 1);
+    int32_t rows_per_expert = active > 0 ? assignments / active : 1;
+    return native ? glmrt_cuda_qgemm_tile_rows(rows_per_expert) : glmrt_cuda_gemm_tile_rows(rows_per_expert);
+}
+
+static glmrt_status glmrt_layer_experts_native(glmrt_step_context *step, const glmrt_cuda_layer *layer,
+                                               int32_t tile_rows, int32_t grid_tiles)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    glmrt_cuda_workspace *ws = &st->ws;
+    glmrt_cuda_matmuls *m = st->matmuls;
+    int32_t assignments = step->counts->num_tokens * d->top_k;
+    const int32_t *num_sorted = ws->moe_counters + 1;
+    GLMRT_TRY(glmrt_step_quantize(step, &m->expert_in, ws->normed, d->hidden, ws->sorted_token, GLMRT_ACTIVATION_COPY,
+                                  assignments, num_sorted));
+    glmrt_cuda_qgemm_call call;
+    memset(&call, 0, sizeof(call));
+    call.w = &layer->experts_gate_up;
+    call.x = &m->expert_in;
+    call.num_rows = assignments;
+    call.tiles = ws->tiles;
+    call.num_tiles = ws->moe_counters;
+    call.grid_tiles = grid_tiles;
+    call.tile_rows = tile_rows;
+    call.y = ws->expert_gate_up;
+    call.y_stride = 2 * (int64_t)d->expert_width;
+    GLMRT_TRY(glmrt_cuda_qgemm_run(&call, &m->split, step->stream, step->error));
+    GLMRT_TRY(glmrt_step_quantize(step, &m->expert_act, ws->expert_gate_up, 2 * (int64_t)d->expert_width, nullptr,
+                                  GLMRT_ACTIVATION_SILU_MUL, assignments, num_sorted));
+    call.w = &layer->experts_down;
+    call.x = &m->expert_act;
+    call.y = ws->expert_out;
+    call.y_stride = d->hidden;
+    return glmrt_cuda_qgemm_run(&call, &m->split, step->stream, step->error);
 }
 
 static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cuda_layer *layer)
@@ -118,7 +209,8 @@ static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cu
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t assignments = t * d->top_k;
-    int32_t tile_rows = glmrt_expert_tile_rows(d, t);
+    const int32_t native = layer->experts_gate_up.qgemm != nullptr && layer->experts_down.qgemm != nullptr;
+    int32_t tile_rows = glmrt_expert_tile_rows(d, t, native);
     glmrt_cuda_dispatch_args dispatch;
     dispatch.topk_ids = ws->topk_ids;
     dispatch.num_tokens = t;
@@ -134,6 +226,9 @@ static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cu
     dispatch.num_sorted = ws->moe_counters + 1;
     GLMRT_TRY(glmrt_cuda_moe_dispatch(&dispatch, step->stream, step->error));
     int32_t grid_tiles = glmrt_cuda_moe_max_tiles(assignments, d->num_local_experts, tile_rows);
+    if (native) {
+        return glmrt_layer_experts_native(step, layer, tile_rows, grid_tiles);
+    }
     glmrt_cuda_gemm_args gemm;
     memset(&gemm, 0, sizeof(gemm));
     gemm.x = ws->normed;
@@ -180,7 +275,8 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     GLMRT_TRY(glmrt_cuda_moe_route(&route, step->stream, step->error));
     GLMRT_TRY(glmrt_layer_experts(step, layer));
     if (layer->has_shared) {
-        GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->shared_gate_up, &layer->shared_down, ws->shared_out, 0));
+        GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->shared_gate_up, &layer->shared_down,
+                                        &glmrt_cuda_matmuls::shared_act, ws->shared_out, 0));
     }
     glmrt_cuda_combine_args combine;
     combine.expert_out = ws->expert_out;
@@ -208,7 +304,8 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
     if (layer->is_moe) {
         return glmrt_layer_moe(step, layer);
     }
-    GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, ws->hidden, st->owns_residual));
+    GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, &glmrt_cuda_matmuls::dense_act,
+                                    ws->hidden, st->owns_residual));
     return glmrt_step_reduce(step, step->counts->num_tokens);
 }
 
@@ -220,8 +317,8 @@ static glmrt_status glmrt_step_head(glmrt_step_context *step)
     int32_t samples = step->counts->num_samples;
     GLMRT_TRY(glmrt_cuda_rmsnorm(ws->hidden, d->hidden, step->view.sample_rows, samples, st->model.final_norm,
                                  d->hidden, st->rms_eps, ws->sample_hidden, d->hidden, step->stream, step->error));
-    GLMRT_TRY(glmrt_cuda_gemm_dense(&st->model.lm_head, ws->sample_hidden, d->hidden, ws->logits, d->vocab_local,
-                                    samples, nullptr, 0, step->stream, step->error));
+    GLMRT_TRY(glmrt_step_dense(step, &st->model.lm_head, glmrt_step_operand(step, &glmrt_cuda_matmuls::head),
+                               ws->sample_hidden, d->hidden, ws->logits, d->vocab_local, samples, nullptr, 0));
     glmrt_cuda_sample_args sample;
     sample.logits = ws->logits;
     sample.num_rows = samples;

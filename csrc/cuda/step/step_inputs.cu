@@ -1,5 +1,6 @@
 #include <string.h>
 
+#include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "step_inputs.cuh"
 
@@ -96,83 +97,112 @@ static int32_t glmrt_seq_context(const glmrt_step_batch *batch, int32_t s)
 
 int32_t glmrt_cuda_decode_splits(const glmrt_cuda_split_policy *policy, int32_t context)
 {
-    if (context <= policy->keys_per_split) {
-        return 1;
-    }
-    int32_t splits = glmrt_ceil_div(context, policy->keys_per_split);
-    return splits < policy->max_splits ? splits : policy->max_splits;
+    int32_t span = glmrt_attention_split_span(context, policy->keys_per_split, policy->max_splits);
+    return glmrt_ceil_div(context, span);
 }
 
 typedef struct glmrt_item_writer {
     glmrt_cuda_attention_item *decode;
     glmrt_cuda_attention_item *prefill;
     glmrt_cuda_attention_merge *merges;
+    const glmrt_cuda_split_policy *policy;
     int32_t num_decode;
     int32_t num_prefill;
     int32_t num_merges;
     int32_t num_partials;
 } glmrt_item_writer;
 
-static void glmrt_item_put(glmrt_cuda_attention_item *items, int32_t index, int32_t seq, int32_t token_begin,
-                           int32_t num_tokens, int32_t key_begin, int32_t key_end, int32_t partial)
+static void glmrt_item_put(const glmrt_item_writer *w, glmrt_cuda_attention_item *items, int32_t index,
+                           const glmrt_cuda_attention_item *item)
 {
     if (items == nullptr) {
         return;
     }
-    glmrt_cuda_attention_item *item = &items[index];
-    item->seq = seq;
-    item->token_begin = token_begin;
-    item->num_tokens = num_tokens;
-    item->key_begin = key_begin;
-    item->key_end = key_end;
-    item->partial = partial;
-    item->reserved[0] = 0;
-    item->reserved[1] = 0;
+    items[index] = *item;
+    items[index].split_keys = w->policy->keys_per_split;
+    items[index].max_splits = w->policy->max_splits;
 }
 
-static void glmrt_items_for_decode(const glmrt_cuda_split_policy *policy, int32_t seq, int32_t token,
-                                   int32_t context, glmrt_item_writer *w)
+static void glmrt_items_for_decode(int32_t seq, int32_t token, int32_t context, glmrt_item_writer *w)
 {
-    int32_t splits = glmrt_cuda_decode_splits(policy, context);
+    const glmrt_cuda_split_policy *policy = w->policy;
+    int32_t span = glmrt_attention_split_span(context, policy->keys_per_split, policy->max_splits);
+    int32_t splits = glmrt_ceil_div(context, span);
+    glmrt_cuda_attention_item item;
+    memset(&item, 0, sizeof(item));
+    item.seq = seq;
+    item.token_begin = token;
+    item.num_tokens = 1;
+    item.partial = -1;
     if (splits <= 1) {
-        glmrt_item_put(w->decode, w->num_decode++, seq, token, 1, 0, context, -1);
+        item.key_end = context;
+        glmrt_item_put(w, w->decode, w->num_decode++, &item);
         return;
     }
-    int32_t span = glmrt_ceil_div(glmrt_ceil_div(context, splits), GLMRT_ATTENTION_KEY_TILE) * GLMRT_ATTENTION_KEY_TILE;
     int32_t partial_begin = w->num_partials;
-    int32_t used = 0;
-    for (int32_t key = 0; key < context; key += span) {
-        int32_t end = key + span < context ? key + span : context;
-        glmrt_item_put(w->decode, w->num_decode++, seq, token, 1, key, end, w->num_partials++);
-        used += 1;
+    for (int32_t split = 0; split < splits; ++split) {
+        item.key_begin = split * span;
+        item.key_end = item.key_begin + span < context ? item.key_begin + span : context;
+        item.partial = w->num_partials++;
+        glmrt_item_put(w, w->decode, w->num_decode++, &item);
     }
     if (w->merges != nullptr) {
         glmrt_cuda_attention_merge *merge = &w->merges[w->num_merges];
         merge->token = token;
         merge->partial_begin = partial_begin;
-        merge->num_splits = used;
+        merge->num_splits = splits;
         merge->reserved = 0;
     }
     w->num_merges += 1;
 }
 
-static void glmrt_items_build(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
-                              const glmrt_cuda_split_policy *policy, glmrt_item_writer *w)
+static void glmrt_items_for_prefill(const glmrt_step_batch *batch, int32_t seq, glmrt_item_writer *w)
 {
-    int32_t tq = capacity->prefill_tokens_per_item;
-    for (int32_t s = 0; s < batch->num_seqs; ++s) {
-        int32_t start = batch->seq_token_start[s];
-        int32_t count = batch->seq_num_tokens[s];
-        if (count == 1) {
-            glmrt_items_for_decode(policy, s, start, glmrt_seq_context(batch, s), w);
-            continue;
+    int32_t start = batch->seq_token_start[seq];
+    int32_t count = batch->seq_num_tokens[seq];
+    int32_t group = w->policy->group;
+    int32_t rows = count * group;
+    glmrt_cuda_attention_item item;
+    memset(&item, 0, sizeof(item));
+    item.seq = seq;
+    item.token_begin = start;
+    item.num_tokens = count;
+    item.partial = -1;
+    for (int32_t row = 0; row < rows; row += GLMRT_ATTENTION_PREFILL_ROWS) {
+        int32_t end_row = row + GLMRT_ATTENTION_PREFILL_ROWS < rows ? row + GLMRT_ATTENTION_PREFILL_ROWS : rows;
+        int32_t keys = 0;
+        for (int32_t t = row / group; t <= (end_row - 1) / group; ++t) {
+            int32_t token_keys = batch->positions[start + t] + 1;
+            keys = token_keys > keys ? token_keys : keys;
         }
-        for (int32_t t = 0; t < count; t += tq) {
-            int32_t n = count - t < tq ? count - t : tq;
-            int32_t key_end = batch->positions[start + t + n - 1] + 1;
-            glmrt_item_put(w->prefill, w->num_prefill++, s, start + t, n, 0, key_end, -1);
+        item.row_begin = row;
+        item.key_end = keys;
+        glmrt_item_put(w, w->prefill, w->num_prefill++, &item);
+    }
+}
+
+static void glmrt_items_build(const glmrt_step_batch *batch, glmrt_item_writer *w)
+{
+    for (int32_t s = 0; s < batch->num_seqs; ++s) {
+        if (batch->seq_num_tokens[s] == 1) {
+            glmrt_items_for_decode(s, batch->seq_token_start[s], glmrt_seq_context(batch, s), w);
+        } else {
+            glmrt_items_for_prefill(batch, s, w);
         }
     }
+}
+
+static glmrt_status glmrt_split_policy_check(const glmrt_cuda_split_policy *policy, glmrt_error *error)
+{
+    if (policy->keys_per_split < GLMRT_ATTENTION_KEY_TILE || policy->keys_per_split % GLMRT_ATTENTION_KEY_TILE != 0 ||
+        policy->max_splits < 1 || policy->group < 1 || policy->group > GLMRT_ATTENTION_MAX_GROUP) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "attention split policy of %d keys, %d splits, group %d: keys must be a multiple of %d, "
+                               "splits at least 1, group 1 to %d",
+                               policy->keys_per_split, policy->max_splits, policy->group, GLMRT_ATTENTION_KEY_TILE,
+                               GLMRT_ATTENTION_MAX_GROUP);
+    }
+    return GLMRT_OK;
 }
 
 static glmrt_status glmrt_step_count(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
@@ -209,9 +239,11 @@ static glmrt_status glmrt_step_count(const glmrt_step_batch *batch, const glmrt_
                                (long long)c->num_pages, (long long)c->num_history, (long long)capacity->max_pages,
                                (long long)capacity->max_history);
     }
+    GLMRT_TRY(glmrt_split_policy_check(policy, error));
     glmrt_item_writer counter;
     memset(&counter, 0, sizeof(counter));
-    glmrt_items_build(batch, capacity, policy, &counter);
+    counter.policy = policy;
+    glmrt_items_build(batch, &counter);
     if (counter.num_decode > capacity->max_decode_items || counter.num_prefill > capacity->max_prefill_items ||
         counter.num_merges > capacity->max_merges || counter.num_partials > capacity->max_partials) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "attention work of %d decode and %d prefill items exceeds the plan",
@@ -287,6 +319,7 @@ glmrt_status glmrt_cuda_step_pack(const glmrt_step_batch *batch, const glmrt_cud
     writer.decode = v.decode_items;
     writer.prefill = v.prefill_items;
     writer.merges = v.merges;
-    glmrt_items_build(batch, capacity, policy, &writer);
+    writer.policy = policy;
+    glmrt_items_build(batch, &writer);
     return GLMRT_OK;
 }

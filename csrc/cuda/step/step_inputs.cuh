@@ -54,6 +54,7 @@ typedef struct glmrt_cuda_step_counts {
 typedef struct glmrt_cuda_split_policy {
     int32_t keys_per_split;
     int32_t max_splits;
+    int32_t group;
 } glmrt_cuda_split_policy;
 
 int32_t glmrt_cuda_decode_splits(const glmrt_cuda_split_policy *policy, int32_t context);

@@ -18,6 +18,8 @@ enum glmrt_cuda_scale_kind {
     GLMRT_CUDA_SCALE_BLOCK = 2
 };
 
+struct glmrt_cuda_qgemm_weight;
+
 typedef struct glmrt_cuda_matrix {
     int32_t format;
     int32_t scale_kind;
@@ -35,6 +37,7 @@ typedef struct glmrt_cuda_matrix {
     int64_t group_scales;
     uint8_t *data;
     float *scale;
+    const struct glmrt_cuda_qgemm_weight *qgemm;
 } glmrt_cuda_matrix;
 
 typedef struct glmrt_cuda_layer {

@@ -1,0 +1,217 @@
+#include <string.h>
+
+#include "qgemm_kernel.cuh"
+
+int glmrt_cuda_qgemm_device_supported(int device)
+{
+    int major = 0;
+    int minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return major == 9 && minor == 0;
+}
+
+static int glmrt_qgemm_block_cols_supported(int32_t block_cols)
+{
+    if (block_cols <= 0 || block_cols % 32 != 0) {
+        return 0;
+    }
+    return block_cols <= GLMRT_TENSOR_MAP_ROW_BYTES ? GLMRT_TENSOR_MAP_ROW_BYTES % block_cols == 0
+                                                    : block_cols % GLMRT_TENSOR_MAP_ROW_BYTES == 0;
+}
+
+int glmrt_cuda_qgemm_matrix_supported(const glmrt_cuda_matrix *w)
+{
+    if (w->rows <= 0 || w->cols <= 0 || w->data == nullptr) {
+        return 0;
+    }
+    if (w->format == GLMRT_CUDA_FORMAT_FP8) {
+        if (w->cols % 16 != 0 || w->scale == nullptr) {
+            return 0;
+        }
+        if (w->scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
+            return 1;
+        }
+        return w->scale_kind == GLMRT_CUDA_SCALE_BLOCK && w->block_rows > 0 &&
+               glmrt_qgemm_block_cols_supported(w->block_cols);
+    }
+    return w->format == GLMRT_CUDA_FORMAT_BF16 && w->scale_kind == GLMRT_CUDA_SCALE_NONE && w->cols % 8 == 0;
+}
+
+int32_t glmrt_cuda_qgemm_operand_kind(const glmrt_cuda_matrix *w)
+{
+    return w->format == GLMRT_CUDA_FORMAT_FP8 ? GLMRT_OPERAND_FP8 : GLMRT_OPERAND_BF16;
+}
+
+int32_t glmrt_cuda_qgemm_splits_for(int32_t weight_tiles, int32_t k_blocks, int32_t num_sms)
+{
+    int32_t splits = glmrt_ceil_div(GLMRT_QGEMM_CTAS_PER_SM_TARGET * (num_sms > 0 ? num_sms : 1), weight_tiles);
+    const int32_t most = k_blocks / GLMRT_QGEMM_MIN_SPLIT_K_BLOCKS;
+    if (splits > most) {
+        splits = most;
+    }
+    if (splits > GLMRT_QGEMM_MAX_SPLITS) {
+        splits = GLMRT_QGEMM_MAX_SPLITS;
+    }
+    return splits < 1 ? 1 : splits;
+}
+
+int32_t glmrt_cuda_qgemm_tile_rows(int32_t rows_per_group)
+{
+    int32_t tile = GLMRT_QGEMM_ACTIVATION_BOX_ROWS;
+    while (tile < rows_per_group && tile < GLMRT_QGEMM_MAX_TILE_ROWS) {
+        tile *= 2;
+    }
+    return tile;
+}
+
+int64_t glmrt_cuda_qgemm_split_partial_elements(int32_t max_split_units)
+{
+    return (int64_t)(max_split_units > 0 ? max_split_units : 1) * GLMRT_QGEMM_PARTIAL_TILE;
+}
+
+int32_t glmrt_cuda_qgemm_split_counters(int32_t max_split_n)
+{
+    return glmrt_ceil_div(max_split_n > 0 ? max_split_n : 1, GLMRT_QGEMM_WEIGHT_TILE_ROWS);
+}
+
+static int32_t glmrt_qgemm_promote_steps(const glmrt_cuda_matrix *w)
+{
+    if (w->format != GLMRT_CUDA_FORMAT_FP8 || w->scale_kind != GLMRT_CUDA_SCALE_BLOCK ||
+        w->block_cols >= GLMRT_TENSOR_MAP_ROW_BYTES) {
+        return GLMRT_QGEMM_K_STEPS;
+    }
+    return w->block_cols / 32;
+}
+
+glmrt_status glmrt_cuda_qgemm_weight_prepare(const glmrt_cuda_matrix *w, int32_t num_sms, int32_t allow_split,
+                                             glmrt_cuda_qgemm_weight *out, glmrt_error *error)
+{
+    memset(out, 0, sizeof(*out));
+    if (!glmrt_cuda_qgemm_matrix_supported(w)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "matrix [%d, %d] of format %d with scale kind %d has no quantized GEMM", w->rows,
+                               w->cols, w->format, w->scale_kind);
+    }
+    out->kind = glmrt_cuda_qgemm_operand_kind(w);
+    const int64_t groups = w->num_groups > 1 ? w->num_groups : 1;
+    GLMRT_TRY(glmrt_cuda_tensor_map_rows(&out->map, out->kind, w->data, w->cols, groups * w->rows,
+                                         GLMRT_QGEMM_WEIGHT_TILE_ROWS, "weights", error));
+    out->k_blocks = glmrt_ceil_div(w->cols * glmrt_operand_bytes(out->kind), GLMRT_TENSOR_MAP_ROW_BYTES);
+    out->weight_tiles = glmrt_ceil_div(w->rows, GLMRT_QGEMM_WEIGHT_TILE_ROWS);
+    out->num_sms = num_sms > 0 ? num_sms : 1;
+    const int32_t splits = allow_split ? glmrt_cuda_qgemm_splits_for(out->weight_tiles, out->k_blocks, out->num_sms) : 1;
+    out->split_k_blocks = glmrt_ceil_div(out->k_blocks, splits);
+    out->splits = glmrt_ceil_div(out->k_blocks, out->split_k_blocks);
+    out->promote_steps = glmrt_qgemm_promote_steps(w);
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_qgemm_operand_prepare(glmrt_cuda_qgemm_operand *operand, int32_t kind, uint8_t *data,
+                                              float *scales, int32_t cols, int32_t capacity_rows, const char *what,
+                                              glmrt_error *error)
+{
+    memset(operand, 0, sizeof(*operand));
+    operand->data = data;
+    operand->scales = scales;
+    operand->kind = kind;
+    operand->cols = cols;
+    operand->capacity_rows = capacity_rows;
+    if (kind == GLMRT_OPERAND_FP8 && scales == nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "FP8 activations for %s need a scale buffer", what);
+    }
+    return glmrt_cuda_tensor_map_rows(&operand->map, kind, data, cols, capacity_rows,
+                                      GLMRT_QGEMM_ACTIVATION_BOX_ROWS, what, error);
+}
+
+static glmrt_status glmrt_qgemm_check(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_weight *q,
+                                      glmrt_error *error)
+{
+    const glmrt_cuda_matrix *w = call->w;
+    if (q == nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "matrix [%d, %d] was not prepared for quantized GEMMs",
+                               w->rows, w->cols);
+    }
+    if (call->x->kind != q->kind || call->x->cols != w->cols) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "activations of kind %d and %d columns do not match weights of kind %d and %d columns",
+                               call->x->kind, call->x->cols, q->kind, w->cols);
+    }
+    if (call->tiles == nullptr && call->num_rows > call->x->capacity_rows) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "%d activation rows exceed the buffer's %d",
+                               call->num_rows, call->x->capacity_rows);
+    }
+    return GLMRT_OK;
+}
+
+int glmrt_cuda_qgemm_weight_splits(const glmrt_cuda_qgemm_weight *q)
+{
+    return q->splits > 1;
+}
+
+glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_split *split,
+                                  cudaStream_t stream, glmrt_error *error)
+{
+    const bool grouped = call->tiles != nullptr;
+    if (grouped ? call->grid_tiles <= 0 : call->num_rows <= 0) {
+        return GLMRT_OK;
+    }
+    const glmrt_cuda_matrix *w = call->w;
+    const glmrt_cuda_qgemm_weight *q = w->qgemm;
+    GLMRT_TRY(glmrt_qgemm_check(call, q, error));
+    const bool split_units = !grouped && call->num_rows <= GLMRT_QGEMM_SPLIT_MAX_ROWS;
+    const int32_t bn = grouped ? call->tile_rows
+                               : (split_units ? glmrt_cuda_qgemm_tile_rows(call->num_rows) : GLMRT_QGEMM_MAX_TILE_ROWS);
+    if (bn != glmrt_cuda_qgemm_tile_rows(bn)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "grouped GEMM tiles of %d rows; the quantized GEMM takes 8 to %d in powers of two", bn,
+                               GLMRT_QGEMM_MAX_TILE_ROWS);
+    }
+    const bool splits = !grouped && glmrt_cuda_qgemm_weight_splits(q);
+    const int32_t consumers = bn >= GLMRT_QGEMM_MAX_TILE_ROWS ? 2 : 1;
+    const int32_t token_tiles = grouped ? call->grid_tiles : glmrt_ceil_div(call->num_rows, bn);
+    int32_t grid_limit = token_tiles * glmrt_ceil_div(q->weight_tiles, consumers);
+    if (split_units) {
+        grid_limit = q->weight_tiles * (splits ? q->splits : 1);
+    }
+    if (split_units && splits &&
+        (split == nullptr || split->partials == nullptr ||
+         (int64_t)q->weight_tiles * q->splits * GLMRT_QGEMM_PARTIAL_TILE > split->partial_elements ||
+         q->weight_tiles > split->num_counters)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "split GEMM over [%d, %d] in %d parts needs more partial space than the workspace holds",
+                               w->rows, w->cols, grid_limit);
+    }
+    glmrt_qgemm_params p;
+    memset(&p, 0, sizeof(p));
+    p.w = *w;
+    p.x_scales = call->x->scales;
+    p.y = call->y;
+    p.y_stride = call->y_stride;
+    p.bias = call->bias;
+    p.tiles = call->tiles;
+    p.num_tiles = call->num_tiles;
+    p.partials = split != nullptr ? split->partials : nullptr;
+    p.counters = split != nullptr ? split->counters : nullptr;
+    p.num_rows = call->num_rows;
+    p.k_blocks = q->k_blocks;
+    p.splits = splits ? q->splits : 1;
+    p.split_k_blocks = splits ? q->split_k_blocks : q->k_blocks;
+    p.weight_tiles = q->weight_tiles;
+    p.token_tiles = grouped ? 1 : token_tiles;
+    p.split_units = split_units ? 1 : 0;
+    p.accumulate = call->accumulate;
+    const int32_t fold = !split_units && splits ? 1 : 0;
+    if (q->kind == GLMRT_OPERAND_BF16) {
+        return glmrt_qgemm_launch_bf16(bn, fold, &q->map, &call->x->map, &p, grid_limit, q->num_sms, stream, error);
+    }
+    if (w->scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
+        return glmrt_qgemm_launch_fp8_channel(bn, fold, &q->map, &call->x->map, &p, grid_limit, q->num_sms, stream,
+                                              error);
+    }
+    return glmrt_qgemm_launch_fp8_block(q->promote_steps, bn, fold, &q->map, &call->x->map, &p, grid_limit, q->num_sms,
+                                        stream, error);
+}

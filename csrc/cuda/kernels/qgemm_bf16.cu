@@ -1,0 +1,9 @@
+#include "qgemm_kernel.cuh"
+
+glmrt_status glmrt_qgemm_launch_bf16(int32_t bn, int32_t fold, const CUtensorMap *w_map, const CUtensorMap *x_map,
+                                     const glmrt_qgemm_params *p, int32_t grid_limit, int32_t num_sms,
+                                     cudaStream_t stream, glmrt_error *error)
+{
+    return glmrt_qgemm_launch_width<GLMRT_OPERAND_BF16, GLMRT_CUDA_SCALE_NONE, GLMRT_QGEMM_K_STEPS>(
+        bn, fold, w_map, x_map, p, grid_limit, num_sms, stream, error);
+}

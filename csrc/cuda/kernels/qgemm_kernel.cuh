@@ -1,0 +1,529 @@
+#ifndef GLMRT_QGEMM_KERNEL_CUH
+#define GLMRT_QGEMM_KERNEL_CUH
+
+#include <atomic>
+
+#include "cuda_check.cuh"
+#include "device_math.cuh"
+#include "qgemm.cuh"
+#include "wgmma_ops.cuh"
+
+#define GLMRT_QGEMM_K_STEPS 4
+#define GLMRT_QGEMM_CONSUMER_BARRIER 1
+#define GLMRT_QGEMM_PRODUCER_REGISTERS 56
+#define GLMRT_QGEMM_CONSUMER_REGISTERS 224
+#define GLMRT_QGEMM_STAGE_CAP 8
+
+typedef struct glmrt_qgemm_params {
+    glmrt_cuda_matrix w;
+    const float *x_scales;
+    float *y;
+    int64_t y_stride;
+    const float *bias;
+    const glmrt_cuda_gemm_tile *tiles;
+    const int32_t *num_tiles;
+    float *partials;
+    int32_t *counters;
+    int32_t num_rows;
+    int32_t k_blocks;
+    int32_t splits;
+    int32_t split_k_blocks;
+    int32_t weight_tiles;
+    int32_t token_tiles;
+    int32_t split_units;
+    int32_t accumulate;
+} glmrt_qgemm_params;
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+struct glmrt_qgemm_shape {
+    static constexpr int bn = BN;
+    static constexpr int consumers = BN >= 128 ? 2 : 1;
+    static constexpr int consumer_threads = 128 * consumers;
+    static constexpr int threads = consumer_threads + 128;
+    static constexpr bool raise = consumers == 2;
+    static constexpr int min_blocks = consumers == 1 ? 2 : 1;
+    static constexpr int weight_tile_bytes = GLMRT_QGEMM_WEIGHT_TILE_ROWS * GLMRT_TENSOR_MAP_ROW_BYTES;
+    static constexpr int box_bytes = GLMRT_QGEMM_ACTIVATION_BOX_ROWS * GLMRT_TENSOR_MAP_ROW_BYTES;
+    static constexpr int a_bytes = consumers * weight_tile_bytes;
+    static constexpr int b_bytes = BN * GLMRT_TENSOR_MAP_ROW_BYTES;
+    static constexpr int stage_bytes = a_bytes + b_bytes;
+    static constexpr int fold_bytes = FOLD ? consumer_threads * (BN / 2) * 4 : 0;
+    static constexpr int budget = (consumers == 1 ? 104 * 1024 : 200 * 1024) - fold_bytes;
+    static constexpr int fit = budget / stage_bytes;
+    static constexpr int stages = fit > GLMRT_QGEMM_STAGE_CAP ? GLMRT_QGEMM_STAGE_CAP : fit;
+    static constexpr int smem_bytes =
+        stages * stage_bytes + fold_bytes + GLMRT_WGMMA_SWIZZLE_ATOM_BYTES + 2 * stages * 8;
+    static constexpr int acc = BN / 2;
+    static constexpr bool promoted = KIND == GLMRT_OPERAND_FP8;
+    static constexpr int promotions = promoted ? GLMRT_QGEMM_K_STEPS / PROMOTE : 1;
+    static_assert(BN % GLMRT_QGEMM_ACTIVATION_BOX_ROWS == 0, "token tiles are whole TMA boxes");
+    static_assert(stages >= 2, "the pipeline needs two stages");
+    static_assert(GLMRT_QGEMM_K_STEPS % PROMOTE == 0, "promotion steps divide a k block");
+};
+
+typedef struct glmrt_qgemm_segment {
+    int32_t tile;
+    int32_t token_tile;
+    int32_t split;
+    int32_t k_begin;
+    int32_t k_end;
+} glmrt_qgemm_segment;
+
+typedef struct glmrt_qgemm_walk {
+    int32_t next;
+    int32_t end;
+    int32_t step;
+    int32_t token_tiles;
+} glmrt_qgemm_walk;
+
+__device__ __forceinline__ glmrt_qgemm_walk glmrt_qgemm_walk_begin(const glmrt_qgemm_params &p, int32_t units)
+{
+    glmrt_qgemm_walk walk;
+    walk.token_tiles = p.tiles != nullptr ? *p.num_tiles : p.token_tiles;
+    walk.next = (int32_t)blockIdx.x;
+    walk.end = p.split_units ? (int32_t)blockIdx.x + 1 : units;
+    walk.step = (int32_t)gridDim.x;
+    return walk;
+}
+
+__device__ __forceinline__ bool glmrt_qgemm_walk_next(const glmrt_qgemm_params &p, glmrt_qgemm_walk *walk,
+                                                      glmrt_qgemm_segment *segment)
+{
+    if (walk->next >= walk->end) {
+        return false;
+    }
+    if (p.split_units) {
+        const int32_t split = walk->next / p.weight_tiles;
+        segment->tile = walk->next % p.weight_tiles;
+        segment->token_tile = 0;
+        segment->split = split;
+        segment->k_begin = split * p.split_k_blocks;
+        segment->k_end = min(p.k_blocks, segment->k_begin + p.split_k_blocks);
+    } else {
+        segment->token_tile = walk->next % walk->token_tiles;
+        segment->tile = walk->next / walk->token_tiles;
+        segment->split = 0;
+        segment->k_begin = 0;
+        segment->k_end = p.k_blocks;
+    }
+    walk->next += walk->step;
+    return true;
+}
+
+__device__ __forceinline__ int32_t glmrt_qgemm_units(const glmrt_qgemm_params &p, int consumers)
+{
+    const int32_t cta_tiles = (p.weight_tiles + consumers - 1) / consumers;
+    const int32_t token_tiles = p.tiles != nullptr ? *p.num_tiles : p.token_tiles;
+    return token_tiles * cta_tiles;
+}
+
+__device__ __forceinline__ void glmrt_qgemm_token_tile(const glmrt_qgemm_params &p, int32_t token_tile, int bn,
+                                                       int32_t *group, int32_t *row_begin, int32_t *count)
+{
+    if (p.tiles != nullptr) {
+        const glmrt_cuda_gemm_tile tile = p.tiles[token_tile];
+        *group = tile.group;
+        *row_begin = tile.row_begin;
+        *count = min(tile.num_rows, bn);
+        return;
+    }
+    *group = 0;
+    *row_begin = token_tile * bn;
+    *count = min(bn, p.num_rows - *row_begin);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void glmrt_qgemm_consumer_sync(int consumers)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"n"(GLMRT_QGEMM_CONSUMER_BARRIER), "r"(consumers * 128) : "memory");
+}
+
+template <typename SHAPE, int KIND>
+__device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, const CUtensorMap *x_map,
+                                                    const glmrt_qgemm_params &p, int32_t units, uint8_t *tiles,
+                                                    uint64_t *full, uint64_t *empty)
+{
+    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units);
+    glmrt_qgemm_segment segment;
+    int stage = 0;
+    uint32_t phase = 0;
+    while (glmrt_qgemm_walk_next(p, &walk, &segment)) {
+        int32_t group;
+        int32_t row_begin;
+        int32_t count;
+        glmrt_qgemm_token_tile(p, segment.token_tile, SHAPE::bn, &group, &row_begin, &count);
+        const int32_t w_outer = group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * SHAPE::consumers;
+        for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
+            glmrt_mbarrier_wait(&empty[stage], phase ^ 1u);
+            uint8_t *at = tiles + stage * SHAPE::stage_bytes;
+            glmrt_mbarrier_expect_bytes(&full[stage], SHAPE::stage_bytes);
+            const int32_t inner = kb * glmrt_operand_block_elements(KIND);
+#pragma unroll
+            for (int c = 0; c < SHAPE::consumers; ++c) {
+                glmrt_tma_load_2d(at + c * SHAPE::weight_tile_bytes, w_map, &full[stage], inner,
+                                  w_outer + c * GLMRT_QGEMM_WEIGHT_TILE_ROWS);
+            }
+#pragma unroll
+            for (int j = 0; j < SHAPE::b_bytes / SHAPE::box_bytes; ++j) {
+                glmrt_tma_load_2d(at + SHAPE::a_bytes + j * SHAPE::box_bytes, x_map, &full[stage], inner,
+                                  row_begin + j * GLMRT_QGEMM_ACTIVATION_BOX_ROWS);
+            }
+            if (++stage == SHAPE::stages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+    }
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, const float *result, int32_t group,
+                                                   int32_t row_begin, int32_t count, int32_t row0, int lane)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
+#pragma unroll
+    for (int i = 0; i < shape::acc; ++i) {
+        const int32_t token = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
+        const int32_t n = row0 + ((i & 2) ? 8 : 0);
+        if (token < count && n < p.w.rows) {
+            const int64_t row = (int64_t)row_begin + token;
+            float value = result[i];
+            if (SCALE == GLMRT_CUDA_SCALE_CHANNEL) {
+                value = __fmul_rn(__fmul_rn(value, __ldg(group_scale + n)), __ldg(p.x_scales + row));
+            } else if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+                value = __fmul_rn(value, __ldg(p.x_scales + row));
+            }
+            if (p.bias != nullptr) {
+                value = __fadd_rn(value, __ldg(p.bias + n));
+            }
+            float *out = p.y + row * p.y_stride + n;
+            *out = p.accumulate ? __fadd_rn(*out, value) : value;
+        }
+    }
+}
+
+__device__ __forceinline__ int64_t glmrt_qgemm_partial_slot(const glmrt_qgemm_params &p, int32_t tile, int32_t split)
+{
+    return ((int64_t)tile * p.splits + split) * GLMRT_QGEMM_PARTIAL_TILE;
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__device__ __forceinline__ bool glmrt_qgemm_gather_splits(const glmrt_qgemm_params &p, float *result,
+                                                          const glmrt_qgemm_segment &segment, int32_t count, int lane,
+                                                          int warp, int local, int32_t *last_split)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    const int32_t local_row = warp * 16 + lane / 4;
+    float *mine = p.partials + glmrt_qgemm_partial_slot(p, segment.tile, segment.split);
+#pragma unroll
+    for (int i = 0; i < shape::acc; ++i) {
+        const int32_t token = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
+        const int32_t m = local_row + ((i & 2) ? 8 : 0);
+        if (token < count) {
+            __stcg(mine + token * GLMRT_QGEMM_WEIGHT_TILE_ROWS + m, result[i]);
+        }
+    }
+    __threadfence();
+    glmrt_qgemm_consumer_sync(shape::consumers);
+    if (local == 0 && threadIdx.x == 0) {
+        int32_t arrived = atomicAdd(p.counters + segment.tile, 1);
+        int32_t is_last = arrived == p.splits - 1;
+        if (is_last) {
+            p.counters[segment.tile] = 0;
+        }
+        *last_split = is_last;
+    }
+    glmrt_qgemm_consumer_sync(shape::consumers);
+    if (*last_split == 0) {
+        return false;
+    }
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < shape::acc; ++i) {
+        const int32_t token = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
+        const int32_t m = local_row + ((i & 2) ? 8 : 0);
+        if (token < count) {
+            const int32_t at = token * GLMRT_QGEMM_WEIGHT_TILE_ROWS + m;
+            float sum = __ldcg(p.partials + glmrt_qgemm_partial_slot(p, segment.tile, 0) + at);
+            for (int32_t split = 1; split < p.splits; ++split) {
+                sum = __fadd_rn(sum, __ldcg(p.partials + glmrt_qgemm_partial_slot(p, segment.tile, split) + at));
+            }
+            result[i] = sum;
+        }
+    }
+    return true;
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN>
+__device__ __forceinline__ void glmrt_qgemm_block_mma(float *acc, float *part, const uint8_t *at, int consumer,
+                                                      const float *group_scale, int32_t scale_row0,
+                                                      int32_t scale_row1, int32_t kb, int32_t block_cols,
+                                                      int32_t scale_cols, bool range_start, uint64_t *empty,
+                                                      int lane)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, 0> shape;
+    const uint64_t a_desc = glmrt_wgmma_descriptor(at + consumer * shape::weight_tile_bytes);
+    const uint64_t b_desc = glmrt_wgmma_descriptor(at + shape::a_bytes);
+    if constexpr (shape::promoted) {
+#pragma unroll
+        for (int q = 0; q < shape::promotions; ++q) {
+            glmrt_wgmma_fence_registers<shape::acc>(part);
+            glmrt_wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < PROMOTE; ++s) {
+                const int step = q * PROMOTE + s;
+                glmrt_wgmma<KIND, BN>(part, a_desc + 2 * step, b_desc + 2 * step, s > 0);
+            }
+            glmrt_wgmma_commit();
+            glmrt_wgmma_wait_all();
+            glmrt_wgmma_fence_registers<shape::acc>(part);
+            if (q == shape::promotions - 1 && lane == 0) {
+                glmrt_mbarrier_arrive(empty);
+            }
+            if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+                const int32_t w_block =
+                    min((kb * GLMRT_TENSOR_MAP_ROW_BYTES + q * PROMOTE * 32) / block_cols, scale_cols - 1);
+                const float s0 = __ldg(group_scale + scale_row0 + w_block);
+                const float s1 = __ldg(group_scale + scale_row1 + w_block);
+#pragma unroll
+                for (int i = 0; i < shape::acc; ++i) {
+                    acc[i] = __fmaf_rn(part[i], (i & 2) ? s1 : s0, acc[i]);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < shape::acc; ++i) {
+                    acc[i] = __fadd_rn(acc[i], part[i]);
+                }
+            }
+        }
+    } else {
+        glmrt_wgmma_fence_registers<shape::acc>(acc);
+        glmrt_wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < GLMRT_QGEMM_K_STEPS; ++s) {
+            glmrt_wgmma<KIND, BN>(acc, a_desc + 2 * s, b_desc + 2 * s, (s > 0 || !range_start) ? 1 : 0);
+        }
+        glmrt_wgmma_commit();
+        glmrt_wgmma_wait_all();
+        glmrt_wgmma_fence_registers<shape::acc>(acc);
+        if (lane == 0) {
+            glmrt_mbarrier_arrive(empty);
+        }
+    }
+}
+
+template <int ACC, int STRIDE>
+__device__ __forceinline__ void glmrt_qgemm_fold(float *total, float *acc, bool first_range)
+{
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) {
+        total[i * STRIDE] = first_range ? acc[i] : __fadd_rn(total[i * STRIDE], acc[i]);
+        acc[i] = 0.0f;
+    }
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p, int32_t units, uint8_t *tiles,
+                                                    uint64_t *full, uint64_t *empty, float *fold_totals,
+                                                    int consumer, int local, int32_t *last_contribution)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    const int warp = local / 32;
+    const int lane = local % 32;
+    float acc[shape::acc];
+    float part[shape::promoted ? shape::acc : 1];
+    float *total = fold_totals + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < (shape::promoted ? shape::acc : 1); ++i) {
+        part[i] = 0.0f;
+    }
+    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units);
+    glmrt_qgemm_segment segment;
+    int stage = 0;
+    uint32_t phase = 0;
+    while (glmrt_qgemm_walk_next(p, &walk, &segment)) {
+        int32_t group;
+        int32_t row_begin;
+        int32_t count;
+        glmrt_qgemm_token_tile(p, segment.token_tile, BN, &group, &row_begin, &count);
+        const int32_t tile = segment.tile * shape::consumers + consumer;
+        const int32_t row0 = tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
+        const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
+        int32_t scale_row0 = 0;
+        int32_t scale_row1 = 0;
+        if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+            scale_row0 = glmrt_cuda_matrix_row_block(&p.w, min(row0, p.w.rows - 1)) * p.w.scale_cols;
+            scale_row1 = glmrt_cuda_matrix_row_block(&p.w, min(row0 + 8, p.w.rows - 1)) * p.w.scale_cols;
+        }
+#pragma unroll
+        for (int i = 0; i < shape::acc; ++i) {
+            acc[i] = 0.0f;
+        }
+        bool first_range = true;
+        bool range_start = true;
+        for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
+            if (FOLD && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
+                glmrt_qgemm_fold<shape::acc, shape::consumer_threads>(total, acc, first_range);
+                first_range = false;
+                range_start = true;
+            }
+            glmrt_mbarrier_wait(&full[stage], phase);
+            glmrt_qgemm_block_mma<KIND, SCALE, PROMOTE, BN>(acc, part, tiles + stage * shape::stage_bytes, consumer,
+                                                            group_scale, scale_row0, scale_row1, kb, p.w.block_cols,
+                                                            p.w.scale_cols, range_start, &empty[stage], lane);
+            range_start = false;
+            if (++stage == shape::stages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+        if constexpr (FOLD) {
+            if (!first_range) {
+#pragma unroll
+                for (int i = 0; i < shape::acc; ++i) {
+                    acc[i] = __fadd_rn(total[i * shape::consumer_threads], acc[i]);
+                }
+            }
+        }
+        if constexpr (shape::consumers == 1) {
+            if (p.split_units && p.splits > 1 &&
+                !glmrt_qgemm_gather_splits<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, segment, count, lane, warp, local,
+                                                                          last_contribution)) {
+                continue;
+            }
+        }
+        glmrt_qgemm_finish<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, group, row_begin, count, row0, lane);
+    }
+}
+
+#endif
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD>::threads,
+                                  glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD>::min_blocks)
+    glmrt_qgemm_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
+                       const glmrt_qgemm_params p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    extern __shared__ __align__(1024) uint8_t glmrt_qgemm_shared[];
+    __shared__ int32_t last_contribution;
+    const uint32_t misalign = glmrt_shared_address(glmrt_qgemm_shared) & (GLMRT_WGMMA_SWIZZLE_ATOM_BYTES - 1);
+    uint8_t *tiles = glmrt_qgemm_shared + ((GLMRT_WGMMA_SWIZZLE_ATOM_BYTES - misalign) & (GLMRT_WGMMA_SWIZZLE_ATOM_BYTES - 1));
+    float *fold_totals = reinterpret_cast<float *>(tiles + shape::stages * shape::stage_bytes);
+    uint64_t *full = reinterpret_cast<uint64_t *>(tiles + shape::stages * shape::stage_bytes + shape::fold_bytes);
+    uint64_t *empty = full + shape::stages;
+    const bool producer = (int)threadIdx.x >= shape::consumer_threads;
+    if (threadIdx.x == shape::consumer_threads) {
+        for (int s = 0; s < shape::stages; ++s) {
+            glmrt_mbarrier_init(&full[s], 1);
+            glmrt_mbarrier_init(&empty[s], 4 * shape::consumers);
+        }
+        glmrt_fence_barrier_init();
+        glmrt_tma_prefetch_map(&w_map);
+        glmrt_tma_prefetch_map(&x_map);
+    }
+    __syncthreads();
+    const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, shape::consumers);
+    if (producer) {
+        if constexpr (shape::raise) {
+            glmrt_registers_lower<GLMRT_QGEMM_PRODUCER_REGISTERS>();
+        }
+        if (threadIdx.x == shape::consumer_threads) {
+            glmrt_qgemm_produce<shape, KIND>(&w_map, &x_map, p, units, tiles, full, empty);
+        }
+    } else {
+        if constexpr (shape::raise) {
+            glmrt_registers_raise<GLMRT_QGEMM_CONSUMER_REGISTERS>();
+        }
+        glmrt_qgemm_consume<KIND, SCALE, PROMOTE, BN, FOLD>(p, units, tiles, full, empty, fold_totals,
+                                                            (int)threadIdx.x / 128,
+                                                            (int)threadIdx.x % 128, &last_contribution);
+    }
+#endif
+}
+
+typedef void (*glmrt_qgemm_kernel_fn)(const CUtensorMap, const CUtensorMap, const glmrt_qgemm_params);
+
+typedef struct glmrt_qgemm_variant {
+    std::atomic<uint64_t> configured_devices;
+    std::atomic<int32_t> resident_per_sm[64];
+} glmrt_qgemm_variant;
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+static glmrt_status glmrt_qgemm_launch(const CUtensorMap *w_map, const CUtensorMap *x_map,
+                                       const glmrt_qgemm_params *p, int32_t grid_limit, int32_t num_sms,
+                                       cudaStream_t stream, glmrt_error *error)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    static glmrt_qgemm_variant variant;
+    glmrt_qgemm_kernel_fn kernel = glmrt_qgemm_kernel<KIND, SCALE, PROMOTE, BN, FOLD>;
+    int device = 0;
+    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
+    const uint64_t bit = device >= 0 && device < 64 ? 1ull << device : 0ull;
+    int32_t resident = bit != 0 ? variant.resident_per_sm[device].load(std::memory_order_acquire) : 0;
+    if (bit == 0 || (variant.configured_devices.load(std::memory_order_acquire) & bit) == 0 || resident <= 0) {
+        GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   shape::smem_bytes));
+        int blocks = 0;
+        GLMRT_CUDA_TRY(error, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, shape::threads,
+                                                                            shape::smem_bytes));
+        resident = blocks > 0 ? blocks : 1;
+        if (bit != 0) {
+            variant.resident_per_sm[device].store(resident, std::memory_order_release);
+            variant.configured_devices.fetch_or(bit, std::memory_order_release);
+        }
+    }
+    int32_t grid = grid_limit;
+    if (!p->split_units) {
+        const int32_t resident_ctas = resident * num_sms;
+        grid = grid_limit < resident_ctas ? grid_limit : resident_ctas;
+    }
+    if (grid <= 0) {
+        return GLMRT_OK;
+    }
+    kernel<<<grid, shape::threads, shape::smem_bytes, stream>>>(*w_map, *x_map, *p);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_qgemm_kernel");
+    return GLMRT_OK;
+}
+
+template <int KIND, int SCALE, int PROMOTE>
+static glmrt_status glmrt_qgemm_launch_width(int32_t bn, int32_t fold, const CUtensorMap *w_map,
+                                             const CUtensorMap *x_map, const glmrt_qgemm_params *p,
+                                             int32_t grid_limit, int32_t num_sms, cudaStream_t stream,
+                                             glmrt_error *error)
+{
+    switch (bn) {
+    case 8:
+        return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 8, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
+    case 16:
+        return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 16, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
+    case 32:
+        return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 32, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
+    case 64:
+        return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 64, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
+    case 128:
+        if (fold) {
+            return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 128, 1>(w_map, x_map, p, grid_limit, num_sms, stream,
+                                                                    error);
+        }
+        return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 128, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
+    default:
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no quantized GEMM for token tiles of %d rows", bn);
+    }
+}
+
+glmrt_status glmrt_qgemm_launch_fp8_channel(int32_t bn, int32_t fold, const CUtensorMap *w_map,
+                                            const CUtensorMap *x_map, const glmrt_qgemm_params *p,
+                                            int32_t grid_limit, int32_t num_sms, cudaStream_t stream,
+                                            glmrt_error *error);
+glmrt_status glmrt_qgemm_launch_fp8_block(int32_t promote, int32_t bn, int32_t fold, const CUtensorMap *w_map,
+                                          const CUtensorMap *x_map, const glmrt_qgemm_params *p, int32_t grid_limit,
+                                          int32_t num_sms, cudaStream_t stream, glmrt_error *error);
+glmrt_status glmrt_qgemm_launch_bf16(int32_t bn, int32_t fold, const CUtensorMap *w_map, const CUtensorMap *x_map,
+                                     const glmrt_qgemm_params *p, int32_t grid_limit, int32_t num_sms,
+                                     cudaStream_t stream, glmrt_error *error);
+
+#endif

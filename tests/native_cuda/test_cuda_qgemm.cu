@@ -1,0 +1,538 @@
+#include <stdlib.h>
+
+#include <algorithm>
+
+#include "activation_quant.cuh"
+#include "cuda_test_support.cuh"
+#include "device_math.cuh"
+#include "ops.cuh"
+#include "qgemm.cuh"
+#include "test_matrices.cuh"
+
+#define GLMRT_QTEST_SMS 132
+#define GLMRT_QTEST_BOUND 1e-3
+
+typedef struct glmrt_qtest_case {
+    const char *name;
+    int32_t format;
+    int32_t scale_kind;
+    int32_t block;
+} glmrt_qtest_case;
+
+typedef struct glmrt_qtest_rows {
+    std::vector<float> x;
+    int32_t rows;
+    int32_t cols;
+} glmrt_qtest_rows;
+
+typedef struct glmrt_qtest_operand {
+    glmrt_cuda_qgemm_operand operand;
+    uint8_t *data;
+    float *scales;
+} glmrt_qtest_operand;
+
+static glmrt_qtest_rows glmrt_qtest_make_rows(glmrt_test_rng *rng, int32_t rows, int32_t cols)
+{
+    glmrt_qtest_rows r;
+    r.rows = rows;
+    r.cols = cols;
+    r.x.resize((size_t)rows * cols);
+    for (int32_t i = 0; i < rows; ++i) {
+        float magnitude = powf(10.0f, (float)(i % 7) - 3.0f);
+        for (int32_t c = 0; c < cols; ++c) {
+            float value = glmrt_test_normal(rng) * magnitude;
+            if (i % 23 == 3) {
+                value = 0.0f;
+            } else if (i % 23 == 7) {
+                value = (c % 5 == 0 ? 3.0e4f : -3.0e4f);
+            } else if (i % 23 == 11) {
+                value = (c % 2 == 0 ? 1.0f : -1.0f);
+            }
+            r.x[(size_t)i * cols + c] = value;
+        }
+    }
+    return r;
+}
+
+static glmrt_qtest_operand *glmrt_qtest_operand_new(int32_t kind, int32_t cols, int32_t capacity_rows,
+                                                    glmrt_error *error, glmrt_status *status)
+{
+    glmrt_qtest_operand *o = nullptr;
+    if (posix_memalign((void **)&o, 64, sizeof(glmrt_qtest_operand)) != 0) {
+        *status = GLMRT_ERR_OUT_OF_MEMORY;
+        return nullptr;
+    }
+    memset(o, 0, sizeof(*o));
+    o->data = glmrt_test_alloc<uint8_t>((size_t)capacity_rows * cols * glmrt_operand_bytes(kind));
+    o->scales = glmrt_test_alloc<float>((size_t)capacity_rows);
+    if (*status == GLMRT_OK) {
+        *status = glmrt_cuda_qgemm_operand_prepare(&o->operand, kind, o->data, o->scales, cols, capacity_rows,
+                                                   "test activations", error);
+    }
+    return o;
+}
+
+static void glmrt_qtest_operand_free(glmrt_qtest_operand *o)
+{
+    if (o != nullptr) {
+        cudaFree(o->data);
+        cudaFree(o->scales);
+        free(o);
+    }
+}
+
+static glmrt_cuda_qgemm_weight *glmrt_qtest_weight_new(glmrt_cuda_matrix *m, int32_t allow_split, glmrt_error *error,
+                                                       glmrt_status *status)
+{
+    glmrt_cuda_qgemm_weight *q = nullptr;
+    if (posix_memalign((void **)&q, 64, sizeof(glmrt_cuda_qgemm_weight)) != 0) {
+        *status = GLMRT_ERR_OUT_OF_MEMORY;
+        return nullptr;
+    }
+    if (*status == GLMRT_OK) {
+        *status = glmrt_cuda_qgemm_weight_prepare(m, GLMRT_QTEST_SMS, allow_split, q, error);
+    }
+    m->qgemm = q;
+    return q;
+}
+
+static glmrt_status glmrt_qtest_quantize(const float *d_x, int64_t stride, const int32_t *d_rows, int32_t op,
+                                         int32_t rows, const glmrt_cuda_qgemm_operand *out, glmrt_error *error)
+{
+    glmrt_cuda_activation_args args;
+    args.x = d_x;
+    args.x_stride = stride;
+    args.x_rows = d_rows;
+    args.op = op;
+    args.num_rows = rows;
+    args.device_rows = nullptr;
+    args.out = out;
+    return glmrt_cuda_activation_quantize(&args, 0, error);
+}
+
+static glmrt_status glmrt_qtest_run(const glmrt_cuda_matrix *m, const glmrt_cuda_qgemm_operand *x, int32_t rows,
+                                    float *d_y, int64_t y_stride, const float *d_bias, int32_t accumulate,
+                                    const glmrt_cuda_qgemm_split *split, glmrt_error *error)
+{
+    glmrt_cuda_qgemm_call call;
+    memset(&call, 0, sizeof(call));
+    call.w = m;
+    call.x = x;
+    call.num_rows = rows;
+    call.y = d_y;
+    call.y_stride = y_stride;
+    call.bias = d_bias;
+    call.accumulate = accumulate;
+    return glmrt_cuda_qgemm_run(&call, split, 0, error);
+}
+
+static double glmrt_qtest_operand_value(int32_t kind, const std::vector<uint8_t> &q, int64_t index)
+{
+    if (kind == GLMRT_OPERAND_FP8) {
+        return glmrt_fp8_e4m3_to_float(q[(size_t)index]);
+    }
+    uint16_t bits;
+    memcpy(&bits, &q[(size_t)index * 2], 2);
+    return glmrt_bf16_to_float(bits);
+}
+
+static double glmrt_qtest_raw_weight(const glmrt_host_matrix &h, int32_t group, int32_t row, int32_t col)
+{
+    const glmrt_cuda_matrix &m = h.m;
+    const uint8_t *base = h.data.data() + (size_t)group * m.group_bytes;
+    int64_t index = (int64_t)row * m.cols + col;
+    if (m.format == GLMRT_CUDA_FORMAT_BF16) {
+        uint16_t bits;
+        memcpy(&bits, base + index * 2, 2);
+        return glmrt_bf16_to_float(bits);
+    }
+    return glmrt_fp8_e4m3_to_float(base[index]);
+}
+
+static void glmrt_qtest_reference(const glmrt_host_matrix &h, int32_t group, int32_t kind,
+                                  const std::vector<uint8_t> &q, const std::vector<float> &scales, int32_t row,
+                                  int32_t n, const std::vector<float> &bias, double *out_value, double *out_magnitude)
+{
+    const glmrt_cuda_matrix &m = h.m;
+    const float *w_scale = h.scale.empty() ? nullptr : h.scale.data() + (size_t)group * m.group_scales;
+    double sum = 0.0;
+    double magnitude = 0.0;
+    double block_sum = 0.0;
+    double block_magnitude = 0.0;
+    for (int32_t k = 0; k < m.cols; ++k) {
+        double term = glmrt_qtest_operand_value(kind, q, (int64_t)row * m.cols + k) * glmrt_qtest_raw_weight(h, group, n, k);
+        block_sum += term;
+        block_magnitude += fabs(term);
+        bool block_end = m.scale_kind == GLMRT_CUDA_SCALE_BLOCK ? (k + 1) % m.block_cols == 0 || k + 1 == m.cols
+                                                                : k + 1 == m.cols;
+        if (block_end) {
+            double s = 1.0;
+            if (m.scale_kind == GLMRT_CUDA_SCALE_BLOCK) {
+                s = w_scale[(int64_t)glmrt_cuda_matrix_row_block(&m, n) * m.scale_cols + k / m.block_cols];
+            } else if (m.scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
+                s = w_scale[n];
+            }
+            sum += block_sum * s;
+            magnitude += block_magnitude * s;
+            block_sum = 0.0;
+            block_magnitude = 0.0;
+        }
+    }
+    double x_scale = kind == GLMRT_OPERAND_FP8 ? scales[(size_t)row] : 1.0;
+    *out_value = sum * x_scale + (bias.empty() ? 0.0 : bias[(size_t)n]);
+    *out_magnitude = magnitude * x_scale + (bias.empty() ? 0.0 : fabs(bias[(size_t)n]));
+}
+
+static long glmrt_qtest_check_quantized(int32_t kind, const glmrt_qtest_rows &rows,
+                                        const std::vector<int32_t> &gather, const std::vector<uint8_t> &q,
+                                        const std::vector<float> &scales, int32_t cols)
+{
+    long mismatches = 0;
+    for (size_t r = 0; r < gather.size(); ++r) {
+        const float *source = rows.x.data() + (size_t)gather[r] * rows.cols;
+        std::vector<float> values(source, source + cols);
+        if (kind == GLMRT_OPERAND_BF16) {
+            for (int32_t c = 0; c < cols; ++c) {
+                uint16_t bits;
+                memcpy(&bits, &q[((size_t)r * cols + c) * 2], 2);
+                mismatches += bits != glmrt_float_to_bf16(values[(size_t)c]);
+            }
+            continue;
+        }
+        float amax = 0.0f;
+        for (float v : values) {
+            amax = fmaxf(amax, fabsf(v));
+        }
+        float scale = amax > 0.0f ? amax / GLMRT_FP8_E4M3_MAX : 1.0f;
+        mismatches += memcmp(&scale, &scales[r], 4) != 0;
+        for (int32_t c = 0; c < cols; ++c) {
+            mismatches += q[(size_t)r * cols + c] != glmrt_fp8_e4m3_from_float(values[(size_t)c] / scale);
+        }
+    }
+    return mismatches;
+}
+
+static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng)
+{
+    const int32_t width = 1040;
+    const int32_t rows = 67;
+    glmrt_qtest_rows gate_up = glmrt_qtest_make_rows(rng, rows, 2 * width);
+    float *d_gate_up = glmrt_test_upload(gate_up.x);
+    float *d_act = glmrt_test_alloc<float>((size_t)rows * width);
+    std::vector<int32_t> gather;
+    for (int32_t r = 0; r < 90; ++r) {
+        gather.push_back((r * 37) % rows);
+    }
+    int32_t *d_gather = glmrt_test_upload(gather);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_silu_mul(d_gate_up, width, rows, nullptr, d_act, 0, &error);
+    std::vector<float> act = glmrt_test_download(d_act, (size_t)rows * width);
+    glmrt_qtest_rows act_rows;
+    act_rows.x = act;
+    act_rows.rows = rows;
+    act_rows.cols = width;
+    for (int32_t kind : {GLMRT_OPERAND_FP8, GLMRT_OPERAND_BF16}) {
+        glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, width, 128, &error, &status);
+        std::vector<int32_t> identity;
+        for (int32_t r = 0; r < rows; ++r) {
+            identity.push_back(r);
+        }
+        long mismatches = 0;
+        if (status == GLMRT_OK) {
+            status = glmrt_qtest_quantize(d_gate_up, 2 * width, nullptr, GLMRT_ACTIVATION_SILU_MUL, rows, &o->operand,
+                                          &error);
+        }
+        std::vector<uint8_t> q = glmrt_test_download(o->data, (size_t)rows * width * glmrt_operand_bytes(kind));
+        std::vector<float> s = glmrt_test_download(o->scales, (size_t)rows);
+        mismatches += glmrt_qtest_check_quantized(kind, act_rows, identity, q, s, width);
+        if (status == GLMRT_OK) {
+            status = glmrt_qtest_quantize(d_act, width, d_gather, GLMRT_ACTIVATION_COPY, (int32_t)gather.size(),
+                                          &o->operand, &error);
+        }
+        q = glmrt_test_download(o->data, gather.size() * width * glmrt_operand_bytes(kind));
+        s = glmrt_test_download(o->scales, gather.size());
+        mismatches += glmrt_qtest_check_quantized(kind, act_rows, gather, q, s, width);
+        char what[160];
+        snprintf(what, sizeof(what), "%s activations (SiLU-mul fused and gathered rows) equal the CPU rule",
+                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16");
+        glmrt_test_expect(report, status == GLMRT_OK && mismatches == 0, what, (double)mismatches, 0);
+        glmrt_qtest_operand_free(o);
+    }
+    cudaFree(d_gate_up);
+    cudaFree(d_act);
+    cudaFree(d_gather);
+}
+
+static double glmrt_qtest_compare(const glmrt_host_matrix &h, int32_t group, int32_t kind,
+                                  const std::vector<uint8_t> &q, const std::vector<float> &s,
+                                  const std::vector<float> &y, int32_t rows, int32_t y_stride,
+                                  const std::vector<float> &bias, double *out_l2)
+{
+    double worst = 0.0;
+    double diff2 = 0.0;
+    double ref2 = 0.0;
+    for (int32_t r = 0; r < rows; ++r) {
+        for (int32_t n = 0; n < h.m.rows; ++n) {
+            double ref;
+            double magnitude;
+            glmrt_qtest_reference(h, group, kind, q, s, r, n, bias, &ref, &magnitude);
+            double got = y[(size_t)r * y_stride + n];
+            if (isnan(got)) {
+                worst = INFINITY;
+                continue;
+            }
+            worst = fmax(worst, fabs(got - ref) / (magnitude + 1e-30));
+            diff2 += (got - ref) * (got - ref);
+            ref2 += ref * ref;
+        }
+    }
+    *out_l2 = ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+    return worst;
+}
+
+static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
+                              int32_t cols, int32_t allow_split)
+{
+    std::vector<int32_t> parts = {96, 40, 40};
+    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    const int32_t n = h.m.rows;
+    const int32_t m_rows = 300;
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
+    glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, m_rows, cols);
+    std::vector<float> bias((size_t)n);
+    for (float &v : bias) {
+        v = glmrt_test_normal(rng) * 0.1f;
+    }
+    float *d_x = glmrt_test_upload(x.x);
+    float *d_bias = glmrt_test_upload(bias);
+    float *d_y = glmrt_test_alloc<float>((size_t)m_rows * n);
+    float *d_y_small = glmrt_test_alloc<float>((size_t)m_rows * n);
+    glmrt_cuda_qgemm_split split;
+    split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(
+        GLMRT_QGEMM_MAX_SPLITS * glmrt_ceil_div(n, GLMRT_QGEMM_WEIGHT_TILE_ROWS));
+    split.num_counters = glmrt_cuda_qgemm_split_counters(n);
+    split.partials = glmrt_test_alloc<float>((size_t)split.partial_elements);
+    split.counters = glmrt_test_alloc<int32_t>((size_t)split.num_counters);
+    cudaMemset(split.counters, 0, (size_t)split.num_counters * sizeof(int32_t));
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = GLMRT_OK;
+    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_new(&h.m, allow_split, &error, &status);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, m_rows, &error, &status);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, m_rows, &o->operand, &error);
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_run(&h.m, &o->operand, m_rows, d_y, n, d_bias, 0, &split, &error);
+    }
+    std::vector<float> y = glmrt_test_download(d_y, (size_t)m_rows * n);
+    std::vector<uint8_t> qx = glmrt_test_download(o->data, (size_t)m_rows * cols * glmrt_operand_bytes(kind));
+    std::vector<float> sx = glmrt_test_download(o->scales, (size_t)m_rows);
+    double l2 = 0.0;
+    double worst = status == GLMRT_OK ? glmrt_qtest_compare(h, 0, kind, qx, sx, y, m_rows, n, bias, &l2) : INFINITY;
+    char what[200];
+    snprintf(what, sizeof(what), "qgemm %s K=%d (%d splits) matches a float64 reference of the same math", tc->name,
+             cols, q != nullptr ? q->splits : 0);
+    glmrt_test_expect(report, status == GLMRT_OK && worst < GLMRT_QTEST_BOUND, what, worst, GLMRT_QTEST_BOUND);
+    snprintf(what, sizeof(what), "qgemm %s K=%d relative L2 error", tc->name, cols);
+    glmrt_test_expect(report, status == GLMRT_OK && l2 < GLMRT_QTEST_BOUND, what, l2, GLMRT_QTEST_BOUND);
+    long differing = 0;
+    const int32_t windows[][2] = {{0, 1}, {5, 1}, {7, 8}, {9, 13}, {20, 16}, {31, 33}, {100, 64}, {150, 65}, {2, 130}};
+    for (const int32_t *window : windows) {
+        if (status != GLMRT_OK) {
+            break;
+        }
+        status = glmrt_qtest_quantize(d_x + (size_t)window[0] * cols, cols, nullptr, GLMRT_ACTIVATION_COPY, window[1],
+                                      &o->operand, &error);
+        if (status == GLMRT_OK) {
+            status = glmrt_qtest_run(&h.m, &o->operand, window[1], d_y_small, n, d_bias, 0, &split, &error);
+        }
+        std::vector<float> y_small = glmrt_test_download(d_y_small, (size_t)window[1] * n);
+        differing += memcmp(y_small.data(), y.data() + (size_t)window[0] * n, y_small.size() * 4) != 0;
+    }
+    snprintf(what, sizeof(what), "qgemm %s K=%d rows are bitwise equal alone and in 8 to 300 rows", tc->name, cols);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, 17, &o->operand, &error);
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_run(&h.m, &o->operand, 17, d_y, n, d_bias, 1, &split, &error);
+    }
+    std::vector<float> y_twice = glmrt_test_download(d_y, (size_t)17 * n);
+    long wrong_sums = 0;
+    for (size_t i = 0; i < y_twice.size(); ++i) {
+        float expected = y[i] + y[i];
+        wrong_sums += memcmp(&expected, &y_twice[i], 4) != 0;
+    }
+    snprintf(what, sizeof(what), "qgemm %s K=%d accumulates into its output", tc->name, cols);
+    glmrt_test_expect(report, status == GLMRT_OK && wrong_sums == 0, what, (double)wrong_sums, 0);
+    glmrt_qtest_operand_free(o);
+    free(q);
+    cudaFree(d_data);
+    cudaFree(d_scale);
+    cudaFree(d_x);
+    cudaFree(d_bias);
+    cudaFree(d_y);
+    cudaFree(d_y_small);
+    cudaFree(split.partials);
+    cudaFree(split.counters);
+}
+
+static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
+{
+    const int32_t cols = 608;
+    const int32_t groups = 3;
+    std::vector<int32_t> parts = {176};
+    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, groups, tc->block);
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    const int32_t n = h.m.rows;
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
+    const int32_t group_rows[groups] = {45, 0, 150};
+    const int32_t assignments = 195;
+    glmrt_qtest_rows tokens = glmrt_qtest_make_rows(rng, 70, cols);
+    std::vector<int32_t> gather;
+    for (int32_t a = 0; a < assignments; ++a) {
+        gather.push_back(glmrt_test_below(rng, tokens.rows));
+    }
+    float *d_tokens = glmrt_test_upload(tokens.x);
+    int32_t *d_gather = glmrt_test_upload(gather);
+    float *d_y = glmrt_test_alloc<float>((size_t)assignments * n);
+    float *d_y_dense = glmrt_test_alloc<float>((size_t)assignments * n);
+    int32_t *d_count = glmrt_test_alloc<int32_t>(1);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = GLMRT_OK;
+    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_new(&h.m, 0, &error, &status);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, assignments, &error, &status);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_tokens, cols, d_gather, GLMRT_ACTIVATION_COPY, assignments, &o->operand, &error);
+    }
+    std::vector<uint8_t> qx = glmrt_test_download(o->data, (size_t)assignments * cols * glmrt_operand_bytes(kind));
+    std::vector<float> sx = glmrt_test_download(o->scales, (size_t)assignments);
+    std::vector<float> dense((size_t)assignments * n);
+    int32_t row_begin = 0;
+    for (int32_t g = 0; g < groups && status == GLMRT_OK; ++g) {
+        glmrt_cuda_matrix view = h.m;
+        view.data = d_data + (size_t)g * h.m.group_bytes;
+        view.scale = d_scale != nullptr ? d_scale + (size_t)g * h.m.group_scales : nullptr;
+        view.num_groups = 1;
+        glmrt_cuda_qgemm_weight *view_q = nullptr;
+        if (group_rows[g] > 0) {
+            view_q = glmrt_qtest_weight_new(&view, 0, &error, &status);
+            glmrt_qtest_operand *part = glmrt_qtest_operand_new(kind, cols, group_rows[g], &error, &status);
+            std::vector<int32_t> part_gather(gather.begin() + row_begin, gather.begin() + row_begin + group_rows[g]);
+            int32_t *d_part_gather = glmrt_test_upload(part_gather);
+            if (status == GLMRT_OK) {
+                status = glmrt_qtest_quantize(d_tokens, cols, d_part_gather, GLMRT_ACTIVATION_COPY, group_rows[g],
+                                              &part->operand, &error);
+            }
+            if (status == GLMRT_OK) {
+                status = glmrt_qtest_run(&view, &part->operand, group_rows[g], d_y_dense + (size_t)row_begin * n, n,
+                                         nullptr, 0, nullptr, &error);
+            }
+            cudaFree(d_part_gather);
+            glmrt_qtest_operand_free(part);
+        }
+        free(view_q);
+        row_begin += group_rows[g];
+    }
+    dense = glmrt_test_download(d_y_dense, (size_t)assignments * n);
+    double worst = 0.0;
+    row_begin = 0;
+    for (int32_t g = 0; g < groups; ++g) {
+        std::vector<uint8_t> gq(qx.begin() + (size_t)row_begin * cols * glmrt_operand_bytes(kind),
+                                qx.begin() + (size_t)(row_begin + group_rows[g]) * cols * glmrt_operand_bytes(kind));
+        std::vector<float> gs(sx.begin() + row_begin, sx.begin() + row_begin + group_rows[g]);
+        std::vector<float> gy(dense.begin() + (size_t)row_begin * n, dense.begin() + (size_t)(row_begin + group_rows[g]) * n);
+        double l2 = 0.0;
+        worst = fmax(worst, glmrt_qtest_compare(h, g, kind, gq, gs, gy, group_rows[g], n, std::vector<float>(), &l2));
+        row_begin += group_rows[g];
+    }
+    char what[200];
+    snprintf(what, sizeof(what), "qgemm %s per-expert matmuls match a float64 reference", tc->name);
+    glmrt_test_expect(report, status == GLMRT_OK && worst < GLMRT_QTEST_BOUND, what, worst, GLMRT_QTEST_BOUND);
+    long differing = 0;
+    for (int32_t tile_rows : {8, 32, 128}) {
+        std::vector<glmrt_cuda_gemm_tile> tiles;
+        row_begin = 0;
+        for (int32_t g = 0; g < groups; ++g) {
+            for (int32_t t = 0; t < group_rows[g]; t += tile_rows) {
+                glmrt_cuda_gemm_tile tile;
+                tile.group = g;
+                tile.row_begin = row_begin + t;
+                tile.num_rows = std::min(tile_rows, group_rows[g] - t);
+                tile.reserved = 0;
+                tiles.push_back(tile);
+            }
+            row_begin += group_rows[g];
+        }
+        int32_t count = (int32_t)tiles.size();
+        glmrt_cuda_gemm_tile *d_tiles = glmrt_test_upload(tiles);
+        cudaMemcpy(d_count, &count, sizeof(count), cudaMemcpyHostToDevice);
+        cudaMemset(d_y, 0xff, (size_t)assignments * n * sizeof(float));
+        glmrt_cuda_qgemm_call call;
+        memset(&call, 0, sizeof(call));
+        call.w = &h.m;
+        call.x = &o->operand;
+        call.num_rows = assignments;
+        call.tiles = d_tiles;
+        call.num_tiles = d_count;
+        call.grid_tiles = count + 3;
+        call.tile_rows = tile_rows;
+        call.y = d_y;
+        call.y_stride = n;
+        if (status == GLMRT_OK) {
+            status = glmrt_cuda_qgemm_run(&call, nullptr, 0, &error);
+        }
+        std::vector<float> y = glmrt_test_download(d_y, (size_t)assignments * n);
+        differing += memcmp(y.data(), dense.data(), y.size() * 4) != 0;
+        cudaFree(d_tiles);
+    }
+    snprintf(what, sizeof(what), "qgemm %s grouped tiles of 8, 32 and 128 rows equal per-expert matmuls bitwise",
+             tc->name);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (status != GLMRT_OK) {
+        printf("error: %s\n", error.message);
+    }
+    glmrt_qtest_operand_free(o);
+    free(q);
+    cudaFree(d_data);
+    cudaFree(d_scale);
+    cudaFree(d_tokens);
+    cudaFree(d_gather);
+    cudaFree(d_y);
+    cudaFree(d_y_dense);
+    cudaFree(d_count);
+}
+
+int main(void)
+{
+    glmrt_test_report report = {0, 0};
+    glmrt_test_rng rng = {4242};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (!glmrt_cuda_qgemm_device_supported(device)) {
+        printf("SKIP quantized GEMM needs an sm_90 device\n");
+        return glmrt_test_finish("test_cuda_qgemm", &report);
+    }
+    glmrt_qtest_activations(&report, &rng);
+    const glmrt_qtest_case cases[] = {
+        {"bf16", GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, 0},
+        {"fp8 per-channel", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, 0},
+        {"fp8 128-block", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_BLOCK, 128},
+        {"fp8 64-block", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_BLOCK, 64},
+        {"fp8 32-block", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_BLOCK, 32},
+    };
+    for (const glmrt_qtest_case &tc : cases) {
+        glmrt_qtest_dense(&report, &rng, &tc, 608, 1);
+        glmrt_qtest_dense(&report, &rng, &tc, 5120, 1);
+        glmrt_qtest_grouped(&report, &rng, &tc);
+    }
+    return glmrt_test_finish("test_cuda_qgemm", &report);
+}
