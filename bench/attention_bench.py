@@ -11,9 +11,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = REPO_ROOT / "build"
-NATIVE_SOURCE = REPO_ROOT / "bench" / "attention_bench.cu"
 NATIVE_BINARY = BUILD_DIR / "attention_bench"
-LIBRARY = BUILD_DIR / "libglmrt_cuda.so"
 NUM_HEADS = 96
 NUM_KV_HEADS = 8
 HEAD_DIM = 128
@@ -21,35 +19,9 @@ DECODE_TARGET = 0.70
 PREFILL_TARGET = 0.40
 
 
-def native_sources():
-    return [NATIVE_SOURCE, LIBRARY] + sorted((REPO_ROOT / "csrc" / "cuda").rglob("attention*"))
-
-
-def build_native(arch):
-    if NATIVE_BINARY.exists() and all(NATIVE_BINARY.stat().st_mtime >= p.stat().st_mtime for p in native_sources()):
-        return
-    includes = ["-Icsrc/include", "-Icsrc/core", "-Icsrc/cpu"]
-    includes += [f"-I{p.relative_to(REPO_ROOT)}" for p in sorted((REPO_ROOT / "csrc" / "cuda").rglob("*")) if p.is_dir()]
-    includes.append("-Icsrc/cuda")
-    nccl_include = nccl_include_dir()
-    if nccl_include:
-        includes.append(f"-I{nccl_include}")
-    command = ["nvcc", "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", *includes,
-               "-o", str(NATIVE_BINARY), str(NATIVE_SOURCE), f"-L{BUILD_DIR}", "-lglmrt_cuda",
-               f"-Xlinker=-rpath={BUILD_DIR}"]
-    subprocess.run(command, cwd=REPO_ROOT, check=True)
-
-
-def nccl_include_dir():
-    try:
-        import nvidia.nccl
-    except ImportError:
-        return None
-    base = Path(list(nvidia.nccl.__path__)[0])
-    return base / "include" if (base / "include" / "nccl.h").exists() else None
-
-
 def run_native():
+    if not NATIVE_BINARY.exists():
+        raise SystemExit(f"{NATIVE_BINARY} is missing: bash build_cuda.sh release 90a 0 builds it from bench/attention_bench.cu")
     result = subprocess.run([str(NATIVE_BINARY)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     rows = []
     for line in result.stdout.splitlines():
@@ -111,16 +83,16 @@ def sdpa_rate(backend, context, chunk, flops):
     return flops / (ms * 1e-3), f"{ms * 1e3:.0f} us"
 
 
-def format_rate(value):
-    return "n/a" if value is None else f"{value / 1e12:.0f}"
+def torch_cell(backend, row, dense):
+    rate, note = sdpa_rate(backend, row["context"], row["chunk"], row["flops"])
+    text = "n/a" if rate is None else f"{rate / 1e12:.0f}"
+    return rate, text + (f" ({100 * rate / dense:.0f}%)" if rate else f" ({note})")
 
 
 def main():
     parser = argparse.ArgumentParser(description="decode and prefill attention against the copy bandwidth and bf16 rate")
-    parser.add_argument("--arch", default="90a")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
-    build_native(args.arch)
     name = torch.cuda.get_device_name()
     bandwidth = copy_bandwidth()
     dense = matmul_rate()
@@ -145,12 +117,8 @@ def main():
             continue
         rate = row["flops"] / (row["us"] * 1e-6)
         row["fraction"] = rate / dense
-        flash, flash_note = sdpa_rate(SDPBackend.FLASH_ATTENTION, row["context"], row["chunk"], row["flops"])
-        cudnn, cudnn_note = sdpa_rate(SDPBackend.CUDNN_ATTENTION, row["context"], row["chunk"], row["flops"])
-        row["torch_flash"] = flash
-        row["torch_cudnn"] = cudnn
-        flash_text = format_rate(flash) + (f" ({100 * flash / dense:.0f}%)" if flash else f" ({flash_note})")
-        cudnn_text = format_rate(cudnn) + (f" ({100 * cudnn / dense:.0f}%)" if cudnn else f" ({cudnn_note})")
+        row["torch_flash"], flash_text = torch_cell(SDPBackend.FLASH_ATTENTION, row, dense)
+        row["torch_cudnn"], cudnn_text = torch_cell(SDPBackend.CUDNN_ATTENTION, row, dense)
         print(f"| prefill | {row['chunk']} | {row['context']} | {row['us']:.1f} | {rate / 1e12:.0f} | "
               f"{100 * row['fraction']:.1f}% | {'met' if row['fraction'] >= PREFILL_TARGET else 'below 40%'} | "
               f"{flash_text} | {cudnn_text} |")

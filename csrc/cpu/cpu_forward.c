@@ -2,7 +2,6 @@
 #include <string.h>
 
 #include "cpu_backend.h"
-#include "number_formats.h"
 #include "norm_rope.h"
 
 static void forward_embed_task(void *context, int32_t t, int32_t thread_index)
@@ -33,13 +32,6 @@ static void forward_heads_norm_rope(const glmrt_cpu_backend *b, float *heads, in
     }
 }
 
-static void forward_round_bf16(float *values, int32_t n)
-{
-    for (int32_t i = 0; i < n; ++i) {
-        values[i] = glmrt_bf16_decode(glmrt_bf16_encode(values[i]));
-    }
-}
-
 static void forward_qk_store_task(void *context, int32_t t, int32_t thread_index)
 {
     glmrt_cpu_backend *b = context;
@@ -49,8 +41,9 @@ static void forward_qk_store_task(void *context, int32_t t, int32_t thread_index
     forward_heads_norm_rope(b, b->act.q + (int64_t)t * d->q_dim, d->num_heads, layer->q_norm, t);
     forward_heads_norm_rope(b, key, d->num_kv_heads, layer->k_norm, t);
     if (b->native_matmuls) {
-        forward_round_bf16(key, d->kv_dim);
-        forward_round_bf16(b->act.v + (int64_t)t * d->kv_dim, d->kv_dim);
+        float *value = b->act.v + (int64_t)t * d->kv_dim;
+        glmrt_round_bf16_span(key, key, d->kv_dim);
+        glmrt_round_bf16_span(value, value, d->kv_dim);
     }
     glmrt_kv_cache_store_token(&b->kv, b->step.layer_index, b->step.batch, t, key,
                                b->act.v + (int64_t)t * d->kv_dim);

@@ -163,12 +163,17 @@ int glmrt_linear_rounds_inputs(const glmrt_linear *weight)
     return weight->dtype == GLMRT_DTYPE_F8_E4M3 || weight->dtype == GLMRT_DTYPE_BF16;
 }
 
+void glmrt_round_bf16_span(const float *x, float *out, int32_t n)
+{
+    for (int32_t k = 0; k < n; ++k) {
+        out[k] = glmrt_bf16_decode(glmrt_bf16_encode(x[k]));
+    }
+}
+
 void glmrt_linear_round_row(const glmrt_linear *weight, const float *x, float *out, int32_t n)
 {
     if (weight->dtype == GLMRT_DTYPE_BF16) {
-        for (int32_t k = 0; k < n; ++k) {
-            out[k] = glmrt_bf16_decode(glmrt_bf16_encode(x[k]));
-        }
+        glmrt_round_bf16_span(x, out, n);
         return;
     }
     if (weight->dtype != GLMRT_DTYPE_F8_E4M3) {

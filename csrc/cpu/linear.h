@@ -42,6 +42,7 @@ glmrt_status glmrt_linear_validate(const glmrt_linear *weight, int32_t rows, int
 void glmrt_linear_dequant_row(const glmrt_linear *weight, int32_t row, float *out);
 float glmrt_dot(const float *a, const float *b, int32_t n);
 int glmrt_linear_rounds_inputs(const glmrt_linear *weight);
+void glmrt_round_bf16_span(const float *x, float *out, int32_t n);
 void glmrt_linear_round_row(const glmrt_linear *weight, const float *x, float *out, int32_t n);
 glmrt_status glmrt_linear_run(glmrt_linear_runner *runner, const glmrt_matmul_job *jobs, int32_t num_jobs,
                               glmrt_error *error);

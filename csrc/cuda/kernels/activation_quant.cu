@@ -56,9 +56,6 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
                                      const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
 {
     __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
     const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     const int32_t r = (int32_t)blockIdx.x;
     if (r >= rows) {

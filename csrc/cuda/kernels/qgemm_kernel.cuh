@@ -61,6 +61,16 @@ struct glmrt_qgemm_shape {
     static_assert(GLMRT_QGEMM_K_STEPS % PROMOTE == 0, "promotion steps divide a k block");
 };
 
+__device__ __forceinline__ int32_t glmrt_qgemm_fragment_token(int i, int lane)
+{
+    return (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
+}
+
+__device__ __forceinline__ int32_t glmrt_qgemm_fragment_row(int i)
+{
+    return (i & 2) ? 8 : 0;
+}
+
 typedef struct glmrt_qgemm_segment {
     int32_t tile;
     int32_t token_tile;
@@ -185,8 +195,8 @@ __device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, 
     const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
 #pragma unroll
     for (int i = 0; i < shape::acc; ++i) {
-        const int32_t token = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
-        const int32_t n = row0 + ((i & 2) ? 8 : 0);
+        const int32_t token = glmrt_qgemm_fragment_token(i, lane);
+        const int32_t n = row0 + glmrt_qgemm_fragment_row(i);
         if (token < count && n < p.w.rows) {
             const int64_t row = (int64_t)row_begin + token;
             float value = result[i];
@@ -219,8 +229,8 @@ __device__ __forceinline__ bool glmrt_qgemm_gather_splits(const glmrt_qgemm_para
     float *mine = p.partials + glmrt_qgemm_partial_slot(p, segment.tile, segment.split);
 #pragma unroll
     for (int i = 0; i < shape::acc; ++i) {
-        const int32_t token = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
-        const int32_t m = local_row + ((i & 2) ? 8 : 0);
+        const int32_t token = glmrt_qgemm_fragment_token(i, lane);
+        const int32_t m = local_row + glmrt_qgemm_fragment_row(i);
         if (token < count) {
             __stcg(mine + token * GLMRT_QGEMM_WEIGHT_TILE_ROWS + m, result[i]);
         }
@@ -242,8 +252,8 @@ __device__ __forceinline__ bool glmrt_qgemm_gather_splits(const glmrt_qgemm_para
     __threadfence();
 #pragma unroll
     for (int i = 0; i < shape::acc; ++i) {
-        const int32_t token = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
-        const int32_t m = local_row + ((i & 2) ? 8 : 0);
+        const int32_t token = glmrt_qgemm_fragment_token(i, lane);
+        const int32_t m = local_row + glmrt_qgemm_fragment_row(i);
         if (token < count) {
             const int32_t at = token * GLMRT_QGEMM_WEIGHT_TILE_ROWS + m;
             float sum = __ldcg(p.partials + glmrt_qgemm_partial_slot(p, segment.tile, 0) + at);
@@ -289,7 +299,7 @@ __device__ __forceinline__ void glmrt_qgemm_block_mma(float *acc, float *part, c
                 const float s1 = __ldg(group_scale + scale_row1 + w_block);
 #pragma unroll
                 for (int i = 0; i < shape::acc; ++i) {
-                    acc[i] = __fmaf_rn(part[i], (i & 2) ? s1 : s0, acc[i]);
+                    acc[i] = __fmaf_rn(part[i], glmrt_qgemm_fragment_row(i) ? s1 : s0, acc[i]);
                 }
             } else {
 #pragma unroll
@@ -447,9 +457,10 @@ __global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FO
 
 typedef void (*glmrt_qgemm_kernel_fn)(const CUtensorMap, const CUtensorMap, const glmrt_qgemm_params);
 
+#define GLMRT_QGEMM_MAX_DEVICES 64
+
 typedef struct glmrt_qgemm_variant {
-    std::atomic<uint64_t> configured_devices;
-    std::atomic<int32_t> resident_per_sm[64];
+    std::atomic<int32_t> resident_per_sm[GLMRT_QGEMM_MAX_DEVICES];
 } glmrt_qgemm_variant;
 
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
@@ -462,18 +473,17 @@ static glmrt_status glmrt_qgemm_launch(const CUtensorMap *w_map, const CUtensorM
     glmrt_qgemm_kernel_fn kernel = glmrt_qgemm_kernel<KIND, SCALE, PROMOTE, BN, FOLD>;
     int device = 0;
     GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
-    const uint64_t bit = device >= 0 && device < 64 ? 1ull << device : 0ull;
-    int32_t resident = bit != 0 ? variant.resident_per_sm[device].load(std::memory_order_acquire) : 0;
-    if (bit == 0 || (variant.configured_devices.load(std::memory_order_acquire) & bit) == 0 || resident <= 0) {
+    const bool cached = device >= 0 && device < GLMRT_QGEMM_MAX_DEVICES;
+    int32_t resident = cached ? variant.resident_per_sm[device].load(std::memory_order_acquire) : 0;
+    if (resident <= 0) {
         GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    shape::smem_bytes));
         int blocks = 0;
         GLMRT_CUDA_TRY(error, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, shape::threads,
                                                                             shape::smem_bytes));
         resident = blocks > 0 ? blocks : 1;
-        if (bit != 0) {
+        if (cached) {
             variant.resident_per_sm[device].store(resident, std::memory_order_release);
-            variant.configured_devices.fetch_or(bit, std::memory_order_release);
         }
     }
     int32_t grid = grid_limit;

@@ -6,7 +6,6 @@
 
 #include "wgmma_instructions.cuh"
 
-#define GLMRT_WGMMA_SWIZZLE_BYTES 128
 #define GLMRT_WGMMA_SWIZZLE_ATOM_BYTES 1024
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -25,11 +24,6 @@ __device__ __forceinline__ void glmrt_mbarrier_init(uint64_t *barrier, uint32_t 
 __device__ __forceinline__ void glmrt_fence_barrier_init()
 {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void glmrt_fence_proxy_async()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void glmrt_mbarrier_expect_bytes(uint64_t *barrier, uint32_t bytes)

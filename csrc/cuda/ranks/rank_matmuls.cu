@@ -85,7 +85,6 @@ glmrt_status glmrt_cuda_matmuls_plan(glmrt_cuda_state *st)
     d->head_activation_bytes = 0;
     d->max_split_n = 0;
     d->max_split_units = 0;
-    d->split_partial_elements = 0;
     if (st->engine->options.matmul_precision == GLMRT_MATMUL_HIGH || !glmrt_cuda_qgemm_device_supported(st->device)) {
         return GLMRT_OK;
     }
@@ -107,7 +106,6 @@ glmrt_status glmrt_cuda_matmuls_plan(glmrt_cuda_state *st)
     if (d->has_head) {
         GLMRT_TRY(glmrt_matmuls_take(st, &st->model.lm_head, m->head_kind, 0));
     }
-    d->split_partial_elements = d->max_split_n > 0 ? glmrt_cuda_qgemm_split_partial_elements(d->max_split_units) : 0;
     d->activation_bytes = m->kind != GLMRT_MATMUL_KIND_NONE ? glmrt_operand_bytes(m->kind) : 0;
     d->head_activation_bytes = m->head_kind != GLMRT_MATMUL_KIND_NONE ? glmrt_operand_bytes(m->head_kind) : 0;
     if (st->rank.index == 0) {
@@ -156,7 +154,7 @@ glmrt_status glmrt_cuda_matmuls_bind(glmrt_cuda_state *st)
     }
     m->split.partials = ws->split_partials;
     m->split.counters = ws->split_counters;
-    m->split.partial_elements = d->split_partial_elements;
+    m->split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(d->max_split_units);
     m->split.num_counters = d->max_split_n > 0 ? glmrt_cuda_qgemm_split_counters(d->max_split_n) : 0;
     if (m->split.num_counters > 0) {
         GLMRT_CUDA_TRY(error, cudaMemsetAsync(m->split.counters, 0, (size_t)m->split.num_counters * sizeof(int32_t),

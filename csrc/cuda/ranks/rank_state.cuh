@@ -49,7 +49,6 @@ typedef struct glmrt_cuda_dims {
     int32_t head_activation_bytes;
     int32_t max_split_n;
     int32_t max_split_units;
-    int64_t split_partial_elements;
 } glmrt_cuda_dims;
 
 typedef struct glmrt_cuda_workspace {

@@ -93,7 +93,8 @@ static void glmrt_cuda_workspace_layout_activations(const glmrt_cuda_dims *d, gl
         ws->act_head_scales = glmrt_cuda_arena_array<float>(arena, b);
     }
     if (d->max_split_n > 0) {
-        ws->split_partials = glmrt_cuda_arena_array<float>(arena, d->split_partial_elements);
+        ws->split_partials =
+            glmrt_cuda_arena_array<float>(arena, glmrt_cuda_qgemm_split_partial_elements(d->max_split_units));
         ws->split_counters = glmrt_cuda_arena_array<int32_t>(arena, glmrt_cuda_qgemm_split_counters(d->max_split_n));
     }
 }
