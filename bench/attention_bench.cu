@@ -173,6 +173,18 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
     args.items = decode ? view.decode_items : view.prefill_items;
     args.num_items = decode ? counts.num_decode_items : counts.num_prefill_items;
     const int32_t tokens_per_item = decode ? 1 : capacity.prefill_tokens_per_item;
+    glmrt_cuda_attention_merge_args merge;
+    memset(&merge, 0, sizeof(merge));
+    merge.merges = view.merges;
+    merge.num_merges = counts.num_merges;
+    merge.num_q_heads = num_heads;
+    merge.group = GLMRT_BENCH_GROUP;
+    merge.num_kv_heads = GLMRT_BENCH_KV_HEADS;
+    merge.head_dim = GLMRT_BENCH_HEAD_DIM;
+    merge.partial_out = partial_out;
+    merge.partial_stats = partial_stats;
+    merge.out = out;
+    merge.out_stride = args.out_stride;
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
@@ -182,9 +194,7 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
         if (i == 0) cudaEventRecord(start, 0);
         ok = glmrt_cuda_attention_run(&args, tokens_per_item, 0, &error) == GLMRT_OK;
         if (ok && decode) {
-            ok = glmrt_cuda_attention_merge_run(view.merges, counts.num_merges, num_heads, GLMRT_BENCH_GROUP,
-                                                GLMRT_BENCH_KV_HEADS, GLMRT_BENCH_HEAD_DIM, partial_out,
-                                                partial_stats, out, args.out_stride, 0, &error) == GLMRT_OK;
+            ok = glmrt_cuda_attention_merge_run(&merge, 0, &error) == GLMRT_OK;
         }
     }
     cudaEventRecord(stop, 0);

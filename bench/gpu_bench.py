@@ -37,6 +37,8 @@ def parse_args(argv):
                         help="context tokens per transformers forward when filling its cache")
     parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"),
                         help="high times the f32-activation matmuls (the path before the native tensor-core ones)")
+    parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="replay decode steps from CUDA graphs (the engine's default)")
     parser.add_argument("--json", help="write every measurement to this file")
     return parser.parse_args(argv)
 
@@ -126,7 +128,7 @@ def run_ours(args, model_dir, config, batches, bandwidth):
     engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True,
                     random_seed=args.seed, max_batch=largest,
                     max_tokens_per_step=max(args.max_tokens_per_step, largest), kv_page_size=PAGE_SIZE,
-                    kv_num_pages=pages, matmul_precision=args.matmul_precision)
+                    kv_num_pages=pages, matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs)
     info = engine.info()
     rng = np.random.default_rng(args.seed)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -150,7 +152,8 @@ def run_ours(args, model_dir, config, batches, bandwidth):
     engine.close()
     return dict(info=dict(device=info.device_name, num_devices=info.num_devices, weight_bytes=info.weight_bytes,
                           kv_cache_bytes=info.kv_cache_bytes, native_matmuls=info.num_native_matmuls,
-                          matmul_precision=args.matmul_precision,
+                          matmul_precision=args.matmul_precision, decode_graphs=info.num_decode_graphs,
+                          decode_graph_bytes=info.decode_graph_bytes,
                           workspace_bytes=info.workspace_bytes, kv_num_pages=info.kv_num_pages,
                           pages_free_after=stats.kv_pages_free),
                 prefill=dict(tokens=prefill_tokens, seconds=prefill_seconds,
@@ -221,7 +224,8 @@ def print_tables(result):
     ours = result["glmrt"]
     print(f"{ours['info']['num_devices']} x {ours['info']['device']}, copy bandwidth {result['copy_bandwidth'] / 1e12:.2f} TB/s, "
           f"{result['layers']} layers ({result['moe_layers']} MoE), weights {ours['info']['weight_bytes'] / 1e9:.1f} GB, "
-          f"matmul precision {ours['info']['matmul_precision']} ({ours['info']['native_matmuls']} native matmuls)")
+          f"matmul precision {ours['info']['matmul_precision']} ({ours['info']['native_matmuls']} native matmuls), "
+          f"{ours['info']['decode_graphs']} decode graphs ({ours['info']['decode_graph_bytes'] / 1e6:.1f} MB)")
     print(f"prefill: {ours['prefill']['tokens']} tokens in {ours['prefill']['seconds']:.2f} s = "
           f"{ours['prefill']['tokens_per_s']:.0f} tokens/s")
     reference = {row["batch"]: row["step_ms"] for row in result.get("transformers", {}).get("decode", [])}

@@ -201,6 +201,37 @@ def test_cuda_batched_requests_equal_solo_requests(params):
         check_batched_requests_equal_solo_requests(engine, params)
 
 
+def decode_rows(engine, prompts, steps):
+    requests = [engine.create_request(prompt, greedy(steps)) for prompt in prompts]
+    rows = []
+    while len(rows) < 2 * steps:
+        tokens, done, logits = engine.step_with_logits(requests)
+        rows.append((tokens, logits.tobytes()))
+        if all(done):
+            break
+    for request in requests:
+        engine.free_request(request)
+    return rows
+
+
+@pytest.mark.parametrize("weight_format", ("bf16", "fp8-block"))
+def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
+    model_dir = build_test_model(weight_format)
+    with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as graphs, \
+            Engine(model_dir, backend="cuda", decode_graphs=False, **ENGINE_OPTIONS) as direct:
+        assert graphs.info().num_decode_graphs == 5
+        assert direct.info().num_decode_graphs == 0
+        vocab = graphs.vocab_size
+        for count in (1, 3, 6, 16):
+            prompts = [prompt_of_length(1 + (17 * i) % 90, vocab, seed=count * 100 + i) for i in range(count)]
+            if count == 3:
+                prompts[1] = prompt_of_length(509, vocab, seed=3)
+            assert decode_rows(graphs, prompts, 8) == decode_rows(direct, prompts, 8), f"batch of {count}"
+        for engine in (graphs, direct):
+            stats = engine.stats()
+            assert stats.kv_pages_free == stats.kv_pages_total
+
+
 def churn_step(engine, rng, live, vocab):
     action = rng.random()
     if action < 0.3 and len(live) < 12:

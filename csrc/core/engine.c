@@ -45,6 +45,10 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
                                "matmul_precision must be %d (default), %d (high) or %d (native), got %d",
                                GLMRT_MATMUL_DEFAULT, GLMRT_MATMUL_HIGH, GLMRT_MATMUL_NATIVE, o->matmul_precision);
     }
+    if (o->decode_graphs != GLMRT_DECODE_GRAPHS_DEFAULT && o->decode_graphs != GLMRT_DECODE_GRAPHS_OFF) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "decode_graphs must be %d (default) or %d (off), got %d",
+                               GLMRT_DECODE_GRAPHS_DEFAULT, GLMRT_DECODE_GRAPHS_OFF, o->decode_graphs);
+    }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");
     }

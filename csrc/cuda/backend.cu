@@ -16,6 +16,8 @@ static void glmrt_cuda_fill_info(glmrt_cuda_group *group)
         info->kv_bytes_per_page += st->kv_bytes_per_page;
     }
     info->workspace_bytes += group->ranks[0]->step_input_bytes;
+    info->num_decode_graphs = group->ranks[0]->graphs.count;
+    info->decode_graph_bytes = group->ranks[0]->graphs.bytes;
     info->num_devices = group->num_ranks;
     info->num_threads = 0;
 }

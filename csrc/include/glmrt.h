@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 5
+#define GLMRT_ABI_VERSION 6
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -47,6 +47,11 @@ enum glmrt_matmul_precision {
     GLMRT_MATMUL_DEFAULT = 0,
     GLMRT_MATMUL_HIGH = 1,
     GLMRT_MATMUL_NATIVE = 2
+};
+
+enum glmrt_decode_graphs {
+    GLMRT_DECODE_GRAPHS_DEFAULT = 0,
+    GLMRT_DECODE_GRAPHS_OFF = 1
 };
 
 enum glmrt_finish_reason {
@@ -101,6 +106,7 @@ typedef struct glmrt_engine_options {
     uint64_t random_seed;
     int32_t enable_prefix_caching;
     int32_t matmul_precision;
+    int32_t decode_graphs;
 } glmrt_engine_options;
 
 typedef struct glmrt_rank_info {
@@ -163,6 +169,8 @@ typedef struct glmrt_engine_info {
     int64_t workspace_bytes;
     int64_t kv_bytes_per_page;
     int32_t num_native_matmuls;
+    int32_t num_decode_graphs;
+    int64_t decode_graph_bytes;
     char device_name[128];
 } glmrt_engine_info;
 

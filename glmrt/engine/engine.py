@@ -65,6 +65,8 @@ class EngineInfo:
     workspace_bytes: int
     kv_bytes_per_page: int
     num_native_matmuls: int
+    num_decode_graphs: int
+    decode_graph_bytes: int
     device_name: str
 
 
@@ -127,7 +129,7 @@ class Engine:
     def __init__(self, model_dir, backend="cpu", num_threads=0, max_batch=32, max_tokens_per_step=256,
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
-                 matmul_precision="default"):
+                 matmul_precision="default", decode_graphs=True):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if matmul_precision not in MATMUL_PRECISIONS:
@@ -153,6 +155,7 @@ class Engine:
         options.random_seed = int(random_seed)
         options.enable_prefix_caching = 1 if enable_prefix_caching else 0
         options.matmul_precision = MATMUL_PRECISIONS[matmul_precision]
+        options.decode_graphs = native.DECODE_GRAPHS_DEFAULT if decode_graphs else native.DECODE_GRAPHS_OFF
         self._native_config = native_model_config(self.config)
         handle = native.engine_p()
         message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)

@@ -7,13 +7,15 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 5
+GLMRT_ABI_VERSION = 6
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
 MATMUL_DEFAULT = 0
 MATMUL_HIGH = 1
 MATMUL_NATIVE = 2
+DECODE_GRAPHS_DEFAULT = 0
+DECODE_GRAPHS_OFF = 1
 
 QUANT_NONE = 0
 QUANT_FP8_CHANNEL = 1
@@ -77,6 +79,7 @@ class EngineOptionsStruct(ctypes.Structure):
         ("random_seed", ctypes.c_uint64),
         ("enable_prefix_caching", ctypes.c_int32),
         ("matmul_precision", ctypes.c_int32),
+        ("decode_graphs", ctypes.c_int32),
     ]
 
 
@@ -136,6 +139,8 @@ class EngineInfoStruct(ctypes.Structure):
         ("workspace_bytes", ctypes.c_int64),
         ("kv_bytes_per_page", ctypes.c_int64),
         ("num_native_matmuls", ctypes.c_int32),
+        ("num_decode_graphs", ctypes.c_int32),
+        ("decode_graph_bytes", ctypes.c_int64),
         ("device_name", ctypes.c_char * 128),
     ]
 

@@ -70,6 +70,9 @@ def add_engine_options(parser):
                        help="native rounds matmul inputs to the weights' format (per-token E4M3 for FP8, BF16 for "
                             "BF16), as the CUDA backend's tensor-core matmuls do on Hopper; high keeps f32 inputs; "
                             "default is native on the CUDA backend and high on the CPU backend")
+    group.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
+                       help="replay decode steps from CUDA graphs captured per batch-size bucket at startup "
+                            "(CUDA backend on one GPU; on by default)")
     return group
 
 
@@ -137,7 +140,7 @@ def engine_kwargs(args):
                   max_context=args.max_context, device_id=args.device_id, num_devices=args.num_devices,
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
                   num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
-                  matmul_precision=args.matmul_precision)
+                  matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs)
     if args.kv_pages is not None:
         kwargs["kv_num_pages"] = args.kv_pages
     elif args.backend == "cuda":

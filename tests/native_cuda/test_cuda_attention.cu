@@ -113,6 +113,7 @@ typedef struct glmrt_attention_data {
     std::vector<float> out;
     int64_t q_stride;
     int32_t num_heads;
+    int32_t grid_limit;
     glmrt_cuda_step_counts counts;
 } glmrt_attention_data;
 
@@ -127,6 +128,7 @@ static void glmrt_attention_fill(glmrt_attention_data *a, const glmrt_attention_
                                  const std::vector<glmrt_fake_seq> &seqs, glmrt_test_rng *rng)
 {
     glmrt_fake_batch_build(&a->f, seqs, s, rng);
+    a->grid_limit = 0;
     a->num_heads = s->num_kv_heads * s->group;
     size_t cache_elements = (size_t)s->num_layers * 2 * s->num_kv_heads * s->page_size * s->head_dim * s->num_pages;
     a->cache.resize(cache_elements);
@@ -196,15 +198,33 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
     args.partial_stats = d_stats;
     args.items = view.decode_items;
     args.num_items = a->counts.num_decode_items;
+    if (a->grid_limit > 0) {
+        args.device_num_items = &view.device_counts->num_decode_items;
+        args.max_grid_items = a->grid_limit;
+    }
     if (status == GLMRT_OK) status = glmrt_cuda_attention_run(&args, 1, 0, error);
     args.items = view.prefill_items;
     args.num_items = a->counts.num_prefill_items;
+    args.device_num_items = nullptr;
+    args.max_grid_items = 0;
     if (status == GLMRT_OK) status = glmrt_cuda_attention_run(&args, capacity.prefill_tokens_per_item, 0, error);
-    if (status == GLMRT_OK) {
-        status = glmrt_cuda_attention_merge_run(view.merges, a->counts.num_merges, a->num_heads, s->group,
-                                                s->num_kv_heads, hd, d_partial, d_stats, d_out, args.out_stride, 0,
-                                                error);
+    glmrt_cuda_attention_merge_args merge;
+    memset(&merge, 0, sizeof(merge));
+    merge.merges = view.merges;
+    merge.num_merges = a->counts.num_merges;
+    merge.num_q_heads = a->num_heads;
+    merge.group = s->group;
+    merge.num_kv_heads = s->num_kv_heads;
+    merge.head_dim = hd;
+    merge.partial_out = d_partial;
+    merge.partial_stats = d_stats;
+    merge.out = d_out;
+    merge.out_stride = args.out_stride;
+    if (a->grid_limit > 0) {
+        merge.device_num_merges = &view.device_counts->num_merges;
+        merge.max_grid_merges = a->grid_limit;
     }
+    if (status == GLMRT_OK) status = glmrt_cuda_attention_merge_run(&merge, 0, error);
     a->out = glmrt_test_download(d_out, (size_t)tokens * a->num_heads * hd);
     cudaError_t synced = cudaDeviceSynchronize();
     if (status == GLMRT_OK && synced != cudaSuccess) {
@@ -347,6 +367,11 @@ static void glmrt_check_attention(glmrt_test_report *report, glmrt_test_rng *rng
     snprintf(what, sizeof(what), "%s (%d decode, %d prefill items, %d merges)", label, a.counts.num_decode_items,
              a.counts.num_prefill_items, a.counts.num_merges);
     glmrt_expect_reference(report, &a, s, tokens, what);
+    glmrt_attention_data looped = a;
+    looped.grid_limit = 3;
+    if (!glmrt_attention_ran(report, glmrt_attention_compute(&looped, s, policy, &error), &error, label)) return;
+    snprintf(what, sizeof(what), "%s: items counted on the device and looped over 3 blocks a head", label);
+    glmrt_expect_same_rows(report, &a, &looped, tokens, tokens, a.num_heads * s->head_dim, what);
 }
 
 typedef struct glmrt_position_pair {

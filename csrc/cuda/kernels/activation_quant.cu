@@ -1,12 +1,8 @@
 #include "activation_quant.cuh"
 #include "cuda_check.cuh"
-#include "device_math.cuh"
-
-extern "C" {
-#include "fp8.h"
-}
 
 #define GLMRT_ACTIVATION_THREADS 256
+#define GLMRT_ACTIVATION_CACHED 12
 
 template <int OP>
 __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int32_t cols, int32_t col)
@@ -18,36 +14,6 @@ __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int3
     const float4 up = *reinterpret_cast<const float4 *>(row + cols + col);
     return make_float4(glmrt_silu_times(first.x, up.x), glmrt_silu_times(first.y, up.y),
                        glmrt_silu_times(first.z, up.z), glmrt_silu_times(first.w, up.w));
-}
-
-__device__ __forceinline__ float glmrt_activation_block_max(float value, float *shared)
-{
-    value = glmrt_warp_max(value);
-    if ((threadIdx.x & 31) == 0) {
-        shared[threadIdx.x >> 5] = value;
-    }
-    __syncthreads();
-    float result = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
-        result = fmaxf(result, shared[w]);
-    }
-    return result;
-}
-
-__device__ __forceinline__ uint32_t glmrt_fp8x4_bits(float4 v, float scale)
-{
-    return (uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.x, scale)) |
-           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.y, scale)) << 8) |
-           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.z, scale)) << 16) |
-           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.w, scale)) << 24);
-}
-
-__device__ __forceinline__ uint2 glmrt_bf16x4_bits(float4 v)
-{
-    uint2 out;
-    out.x = (uint32_t)glmrt_float_to_bf16_bits(v.x) | ((uint32_t)glmrt_float_to_bf16_bits(v.y) << 16);
-    out.y = (uint32_t)glmrt_float_to_bf16_bits(v.z) | ((uint32_t)glmrt_float_to_bf16_bits(v.w) << 16);
-    return out;
 }
 
 template <int OP, int KIND>
@@ -63,22 +29,47 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     }
     const int64_t source = x_rows != nullptr ? x_rows[r] : r;
     const float *row = x + source * x_stride;
+    const int32_t first = (int32_t)threadIdx.x * 4;
+    const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
+    float4 cached[GLMRT_ACTIVATION_CACHED];
+#pragma unroll
+    for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
+        const int32_t c = first + k * stride;
+        cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     if (KIND == GLMRT_OPERAND_BF16) {
         uint2 *target = reinterpret_cast<uint2 *>(out + (int64_t)r * cols * 2);
-        for (int32_t c = (int32_t)threadIdx.x * 4; c < cols; c += GLMRT_ACTIVATION_THREADS * 4) {
+#pragma unroll
+        for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
+            const int32_t c = first + k * stride;
+            if (c < cols) {
+                target[c / 4] = glmrt_bf16x4_bits(cached[k]);
+            }
+        }
+        for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
             target[c / 4] = glmrt_bf16x4_bits(glmrt_activation_values<OP>(row, cols, c));
         }
         return;
     }
     float amax = 0.0f;
-    for (int32_t c = (int32_t)threadIdx.x * 4; c < cols; c += GLMRT_ACTIVATION_THREADS * 4) {
-        const float4 v = glmrt_activation_values<OP>(row, cols, c);
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+#pragma unroll
+    for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
+        amax = glmrt_abs_max4(cached[k], amax);
+    }
+    for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
+        amax = glmrt_abs_max4(glmrt_activation_values<OP>(row, cols, c), amax);
     }
     amax = glmrt_activation_block_max(amax, warp_max);
-    const float scale = amax > 0.0f ? __fdiv_rn(amax, GLMRT_FP8_E4M3_MAX) : 1.0f;
+    const float scale = glmrt_activation_scale(amax);
     uint32_t *target = reinterpret_cast<uint32_t *>(out + (int64_t)r * cols);
-    for (int32_t c = (int32_t)threadIdx.x * 4; c < cols; c += GLMRT_ACTIVATION_THREADS * 4) {
+#pragma unroll
+    for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
+        const int32_t c = first + k * stride;
+        if (c < cols) {
+            target[c / 4] = glmrt_fp8x4_bits(cached[k], scale);
+        }
+    }
+    for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
         target[c / 4] = glmrt_fp8x4_bits(glmrt_activation_values<OP>(row, cols, c), scale);
     }
     if (threadIdx.x == 0) {

@@ -3,7 +3,12 @@
 
 #include <cuda_runtime.h>
 
+#include "device_math.cuh"
 #include "qgemm.cuh"
+
+extern "C" {
+#include "fp8.h"
+}
 
 enum glmrt_cuda_activation_op {
     GLMRT_ACTIVATION_COPY = 0,
@@ -19,6 +24,46 @@ typedef struct glmrt_cuda_activation_args {
     const int32_t *device_rows;
     const glmrt_cuda_qgemm_operand *out;
 } glmrt_cuda_activation_args;
+
+__device__ __forceinline__ float glmrt_activation_block_max(float value, float *shared)
+{
+    value = glmrt_warp_max(value);
+    if ((threadIdx.x & 31) == 0) {
+        shared[threadIdx.x >> 5] = value;
+    }
+    __syncthreads();
+    float result = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        result = fmaxf(result, shared[w]);
+    }
+    return result;
+}
+
+__device__ __forceinline__ float glmrt_activation_scale(float amax)
+{
+    return amax > 0.0f ? __fdiv_rn(amax, GLMRT_FP8_E4M3_MAX) : 1.0f;
+}
+
+__device__ __forceinline__ float glmrt_abs_max4(float4 v, float amax)
+{
+    return fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+}
+
+__device__ __forceinline__ uint32_t glmrt_fp8x4_bits(float4 v, float scale)
+{
+    return (uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.x, scale)) |
+           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.y, scale)) << 8) |
+           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.z, scale)) << 16) |
+           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.w, scale)) << 24);
+}
+
+__device__ __forceinline__ uint2 glmrt_bf16x4_bits(float4 v)
+{
+    uint2 out;
+    out.x = (uint32_t)glmrt_float_to_bf16_bits(v.x) | ((uint32_t)glmrt_float_to_bf16_bits(v.y) << 16);
+    out.y = (uint32_t)glmrt_float_to_bf16_bits(v.z) | ((uint32_t)glmrt_float_to_bf16_bits(v.w) << 16);
+    return out;
+}
 
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,
                                             glmrt_error *error);

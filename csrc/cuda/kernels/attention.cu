@@ -5,27 +5,35 @@
 #include "attention_tile.cuh"
 #include "cuda_check.cuh"
 
-__global__ void glmrt_attention_merge_kernel(const glmrt_cuda_attention_merge *merges, int32_t group,
-                                             int32_t num_kv_heads, int32_t head_dim, const float *partial_out,
-                                             const float *partial_stats, float *out, int64_t out_stride)
+__device__ __forceinline__ void glmrt_attention_merge_one(const glmrt_cuda_attention_merge_args &args,
+                                                          const glmrt_cuda_attention_merge merge)
 {
-    const glmrt_cuda_attention_merge merge = merges[blockIdx.x];
     const int32_t head = blockIdx.y;
-    const int32_t kv_head = head / group;
-    const int32_t g = head % group;
+    const int32_t kv_head = head / args.group;
+    const int32_t g = head % args.group;
+    const int32_t head_dim = args.head_dim;
     for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        int64_t index = ((int64_t)merge.partial_begin * num_kv_heads + kv_head) * group + g;
-        float merged_max = partial_stats[index * 2];
-        float total = partial_stats[index * 2 + 1];
-        float value = partial_out[index * head_dim + d];
+        int64_t index = ((int64_t)merge.partial_begin * args.num_kv_heads + kv_head) * args.group + g;
+        float merged_max = args.partial_stats[index * 2];
+        float total = args.partial_stats[index * 2 + 1];
+        float value = args.partial_out[index * head_dim + d];
         for (int32_t s = 1; s < merge.num_splits; ++s) {
-            index = ((int64_t)(merge.partial_begin + s) * num_kv_heads + kv_head) * group + g;
-            glmrt_attn_fold_weights w = glmrt_attn_fold_weigh(merged_max, partial_stats[index * 2]);
-            value = glmrt_attn_fold_value(value, partial_out[index * head_dim + d], w);
-            total = glmrt_attn_fold_value(total, partial_stats[index * 2 + 1], w);
+            index = ((int64_t)(merge.partial_begin + s) * args.num_kv_heads + kv_head) * args.group + g;
+            glmrt_attn_fold_weights w = glmrt_attn_fold_weigh(merged_max, args.partial_stats[index * 2]);
+            value = glmrt_attn_fold_value(value, args.partial_out[index * head_dim + d], w);
+            total = glmrt_attn_fold_value(total, args.partial_stats[index * 2 + 1], w);
             merged_max = w.max;
         }
-        out[(int64_t)merge.token * out_stride + (int64_t)head * head_dim + d] = glmrt_attn_normalize(value, total);
+        args.out[(int64_t)merge.token * args.out_stride + (int64_t)head * head_dim + d] =
+            glmrt_attn_normalize(value, total);
+    }
+}
+
+__global__ void glmrt_attention_merge_kernel(glmrt_cuda_attention_merge_args args)
+{
+    const int32_t count = args.device_num_merges != nullptr ? *args.device_num_merges : args.num_merges;
+    for (int32_t index = blockIdx.x; index < count; index += gridDim.x) {
+        glmrt_attention_merge_one(args, args.merges[index]);
     }
 }
 
@@ -63,6 +71,10 @@ glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int
     if (tokens_per_item == 1) {
         return glmrt_attention_decode_launch(args, stream, error);
     }
+    if (args->device_num_items != nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "prefill attention takes its item count from the host, not from the device");
+    }
     if (tokens_per_item == glmrt_cuda_attention_prefill_tokens(args->kv.head_dim)) {
         return glmrt_attention_prefill_launch(args, stream, error);
     }
@@ -71,18 +83,16 @@ glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int
                            glmrt_cuda_attention_prefill_tokens(args->kv.head_dim));
 }
 
-glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge *merges, int32_t num_merges,
-                                            int32_t num_q_heads, int32_t group, int32_t num_kv_heads,
-                                            int32_t head_dim, const float *partial_out, const float *partial_stats,
-                                            float *out, int64_t out_stride, cudaStream_t stream, glmrt_error *error)
+glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge_args *args, cudaStream_t stream,
+                                            glmrt_error *error)
 {
-    if (num_merges <= 0) {
+    if (args->num_merges <= 0) {
         return GLMRT_OK;
     }
-    dim3 grid((unsigned)num_merges, (unsigned)num_q_heads);
-    int threads = head_dim < 128 ? head_dim : 128;
-    glmrt_attention_merge_kernel<<<grid, threads, 0, stream>>>(merges, group, num_kv_heads, head_dim, partial_out,
-                                                               partial_stats, out, out_stride);
+    dim3 grid((unsigned)glmrt_attention_grid_limit(args->num_merges, args->max_grid_merges),
+              (unsigned)args->num_q_heads);
+    int threads = args->head_dim < 128 ? args->head_dim : 128;
+    glmrt_attention_merge_kernel<<<grid, threads, 0, stream>>>(*args);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_merge_kernel");
     return GLMRT_OK;
 }

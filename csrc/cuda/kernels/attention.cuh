@@ -41,11 +41,43 @@ typedef struct glmrt_cuda_attention_args {
     float scale;
     const glmrt_cuda_attention_item *items;
     int32_t num_items;
+    const int32_t *device_num_items;
+    int32_t max_grid_items;
     float *out;
     int64_t out_stride;
     float *partial_out;
     float *partial_stats;
 } glmrt_cuda_attention_args;
+
+typedef struct glmrt_cuda_attention_merge_args {
+    const glmrt_cuda_attention_merge *merges;
+    int32_t num_merges;
+    const int32_t *device_num_merges;
+    int32_t max_grid_merges;
+    int32_t num_q_heads;
+    int32_t group;
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    const float *partial_out;
+    const float *partial_stats;
+    float *out;
+    int64_t out_stride;
+} glmrt_cuda_attention_merge_args;
+
+__device__ __forceinline__ int32_t glmrt_attention_item_count(const glmrt_cuda_attention_args &args)
+{
+    return args.device_num_items != nullptr ? *args.device_num_items : args.num_items;
+}
+
+static inline int32_t glmrt_attention_grid_limit(int32_t count, int32_t max_grid)
+{
+    return max_grid > 0 && max_grid < count ? max_grid : count;
+}
+
+static inline int32_t glmrt_attention_grid_items(const glmrt_cuda_attention_args *args)
+{
+    return glmrt_attention_grid_limit(args->num_items, args->max_grid_items);
+}
 
 __host__ __device__ __forceinline__ int32_t glmrt_attention_split_span(int32_t keys, int32_t split_keys,
                                                                        int32_t max_splits)
@@ -61,9 +93,7 @@ int32_t glmrt_cuda_attention_prefill_tokens(int32_t head_dim);
 glmrt_status glmrt_cuda_attention_prepare(int32_t head_dim, int32_t group, glmrt_error *error);
 glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int32_t tokens_per_item,
                                       cudaStream_t stream, glmrt_error *error);
-glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge *merges, int32_t num_merges,
-                                            int32_t num_q_heads, int32_t group, int32_t num_kv_heads,
-                                            int32_t head_dim, const float *partial_out, const float *partial_stats,
-                                            float *out, int64_t out_stride, cudaStream_t stream, glmrt_error *error);
+glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge_args *args, cudaStream_t stream,
+                                            glmrt_error *error);
 
 #endif

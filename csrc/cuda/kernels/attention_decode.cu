@@ -108,11 +108,10 @@ __device__ __forceinline__ void glmrt_decode_values(float (*acc)[4], const uint3
 }
 
 template <int HD, int STAGES>
-__global__ void __launch_bounds__(glmrt_decode_shape<HD, STAGES>::threads)
-    glmrt_attention_decode_kernel(glmrt_cuda_attention_args args)
+__device__ __forceinline__ void glmrt_decode_item(const glmrt_cuda_attention_args &args,
+                                                  const glmrt_cuda_attention_item item, uint8_t *decode_shared)
 {
     using shape = glmrt_decode_shape<HD, STAGES>;
-    extern __shared__ __align__(128) uint8_t decode_shared[];
     const uint32_t raw = glmrt_attn_smem_address(decode_shared);
     const uint32_t base = glmrt_attn_smem_align(raw);
     uint8_t *aligned = decode_shared + (base - raw);
@@ -120,7 +119,6 @@ __global__ void __launch_bounds__(glmrt_decode_shape<HD, STAGES>::threads)
     const uint32_t p_tile = base + shape::p_offset;
     float *tile_max = reinterpret_cast<float *>(aligned + shape::max_offset);
     float *row_sum = reinterpret_cast<float *>(aligned + shape::sum_offset);
-    const glmrt_cuda_attention_item item = args.items[blockIdx.x];
     const int32_t kv_head = blockIdx.y;
     const int32_t group = args.group;
     const int warp = threadIdx.x >> 5;
@@ -285,6 +283,18 @@ __global__ void __launch_bounds__(glmrt_decode_shape<HD, STAGES>::threads)
     }
 }
 
+template <int HD, int STAGES>
+__global__ void __launch_bounds__(glmrt_decode_shape<HD, STAGES>::threads)
+    glmrt_attention_decode_kernel(glmrt_cuda_attention_args args)
+{
+    extern __shared__ __align__(128) uint8_t decode_shared[];
+    const int32_t count = glmrt_attention_item_count(args);
+    for (int32_t index = blockIdx.x; index < count; index += gridDim.x) {
+        glmrt_decode_item<HD, STAGES>(args, args.items[index], decode_shared);
+        __syncthreads();
+    }
+}
+
 typedef void (*glmrt_decode_kernel_fn)(glmrt_cuda_attention_args);
 
 template <int HD>
@@ -333,14 +343,15 @@ glmrt_status glmrt_attention_decode_launch(const glmrt_cuda_attention_args *args
     int sms = 0;
     GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
     GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    int64_t blocks = (int64_t)args->num_items * args->kv.num_kv_heads;
+    int32_t grid_items = glmrt_attention_grid_items(args);
+    int64_t blocks = (int64_t)grid_items * args->kv.num_kv_heads;
     size_t shared = 0;
     glmrt_decode_kernel_fn kernel = glmrt_decode_pick(args->kv.head_dim, blocks <= sms, &shared);
     if (kernel == nullptr) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no decode attention kernel for head_dim %d",
                                args->kv.head_dim);
     }
-    dim3 grid((unsigned)args->num_items, (unsigned)args->kv.num_kv_heads);
+    dim3 grid((unsigned)grid_items, (unsigned)args->kv.num_kv_heads);
     int threads = args->kv.head_dim >= 64 ? 256 : 128;
     kernel<<<grid, threads, shared, stream>>>(*args);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_decode_kernel");

@@ -249,24 +249,32 @@ glmrt_status glmrt_cuda_moe_dispatch(const glmrt_cuda_dispatch_args *args, cudaS
     return GLMRT_OK;
 }
 
-__global__ void glmrt_combine_kernel(glmrt_cuda_combine_args args)
+__global__ void __launch_bounds__(GLMRT_COMBINE_THREADS) glmrt_combine_kernel(glmrt_cuda_combine_args args)
 {
     const int32_t token = blockIdx.x;
+    const int32_t d = (int32_t)blockIdx.y * GLMRT_COMBINE_THREADS + (int32_t)threadIdx.x;
+    if (d >= args.hidden_size) {
+        return;
+    }
     const int32_t *rows = args.assignment_row + (int64_t)token * args.top_k;
     const float *weights = args.topk_weights + (int64_t)token * args.top_k;
-    float *hidden = args.hidden + (int64_t)token * args.hidden_size;
-    const float *shared = args.shared_out != nullptr ? args.shared_out + (int64_t)token * args.hidden_size : nullptr;
-    for (int32_t d = threadIdx.x; d < args.hidden_size; d += blockDim.x) {
-        float routed = 0.0f;
-        for (int32_t slot = 0; slot < args.top_k; ++slot) {
-            int32_t row = rows[slot];
-            if (row >= 0) {
-                routed = __fadd_rn(routed, __fmul_rn(args.expert_out[(int64_t)row * args.hidden_size + d], weights[slot]));
-            }
-        }
-        float mixed = shared != nullptr ? __fadd_rn(routed, shared[d]) : routed;
-        hidden[d] = args.add_residual ? __fadd_rn(hidden[d], mixed) : mixed;
+    float values[GLMRT_MOE_MAX_TOP_K];
+#pragma unroll
+    for (int32_t slot = 0; slot < GLMRT_MOE_MAX_TOP_K; ++slot) {
+        int32_t row = slot < args.top_k ? rows[slot] : -1;
+        values[slot] = row >= 0 ? __fmul_rn(args.expert_out[(int64_t)row * args.hidden_size + d], weights[slot]) : 0.0f;
     }
+    float routed = 0.0f;
+#pragma unroll
+    for (int32_t slot = 0; slot < GLMRT_MOE_MAX_TOP_K; ++slot) {
+        if (slot < args.top_k && rows[slot] >= 0) {
+            routed = __fadd_rn(routed, values[slot]);
+        }
+    }
+    float *hidden = args.hidden + (int64_t)token * args.hidden_size;
+    float mixed = args.shared_out != nullptr ? __fadd_rn(routed, args.shared_out[(int64_t)token * args.hidden_size + d])
+                                             : routed;
+    hidden[d] = args.add_residual ? __fadd_rn(hidden[d], mixed) : mixed;
 }
 
 glmrt_status glmrt_cuda_moe_combine(const glmrt_cuda_combine_args *args, cudaStream_t stream, glmrt_error *error)
@@ -274,7 +282,8 @@ glmrt_status glmrt_cuda_moe_combine(const glmrt_cuda_combine_args *args, cudaStr
     if (args->num_tokens <= 0) {
         return GLMRT_OK;
     }
-    glmrt_combine_kernel<<<args->num_tokens, GLMRT_COMBINE_THREADS, 0, stream>>>(*args);
+    dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(args->hidden_size, GLMRT_COMBINE_THREADS));
+    glmrt_combine_kernel<<<grid, GLMRT_COMBINE_THREADS, 0, stream>>>(*args);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_combine_kernel");
     return GLMRT_OK;
 }

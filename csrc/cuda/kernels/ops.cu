@@ -2,58 +2,9 @@
 #include "device_math.cuh"
 #include "ops.cuh"
 
-#define GLMRT_NORM_THREADS 256
+#define GLMRT_EMBED_THREADS 256
 #define GLMRT_ROPE_WARPS 4
 #define GLMRT_ELEMENTWISE_THREADS 256
-
-__device__ __forceinline__ float glmrt_block_sum(float value, float *shared)
-{
-    int lane = threadIdx.x & 31;
-    int warp = threadIdx.x >> 5;
-    value = glmrt_warp_sum(value);
-    if (lane == 0) {
-        shared[warp] = value;
-    }
-    __syncthreads();
-    int num_warps = (int)blockDim.x >> 5;
-    float total = 0.0f;
-    for (int w = 0; w < num_warps; ++w) {
-        total += shared[w];
-    }
-    __syncthreads();
-    return total;
-}
-
-__global__ void glmrt_rmsnorm_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, const float *weight,
-                                     int32_t n, float eps, float *y, int64_t y_stride)
-{
-    __shared__ float partial[GLMRT_NORM_THREADS / 32];
-    int64_t source = x_rows != nullptr ? x_rows[blockIdx.x] : blockIdx.x;
-    const float *row = x + source * x_stride;
-    float *out = y + (int64_t)blockIdx.x * y_stride;
-    float sum = 0.0f;
-    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        sum = __fmaf_rn(row[i], row[i], sum);
-    }
-    float mean_square = glmrt_block_sum(sum, partial) / (float)n;
-    float inverse = 1.0f / sqrtf(mean_square + eps);
-    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        out[i] = weight[i] * (row[i] * inverse);
-    }
-}
-
-glmrt_status glmrt_cuda_rmsnorm(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
-                                const float *weight, int32_t n, float eps, float *y, int64_t y_stride,
-                                cudaStream_t stream, glmrt_error *error)
-{
-    if (num_rows <= 0) {
-        return GLMRT_OK;
-    }
-    glmrt_rmsnorm_kernel<<<num_rows, GLMRT_NORM_THREADS, 0, stream>>>(x, x_stride, x_rows, weight, n, eps, y,
-                                                                      y_stride);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_rmsnorm_kernel");
-    return GLMRT_OK;
-}
 
 __global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token_ids, float *out)
 {
@@ -96,7 +47,7 @@ glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *tok
     if (num_tokens <= 0) {
         return GLMRT_OK;
     }
-    glmrt_embed_kernel<<<num_tokens, GLMRT_NORM_THREADS, 0, stream>>>(*embed, token_ids, out);
+    glmrt_embed_kernel<<<num_tokens, GLMRT_EMBED_THREADS, 0, stream>>>(*embed, token_ids, out);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_embed_kernel");
     return GLMRT_OK;
 }
@@ -170,6 +121,7 @@ __global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
     int lane = threadIdx.x & 31;
     int warp = threadIdx.x >> 5;
     const int32_t token = blockIdx.x;
+    const int32_t h = (int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp;
     const int32_t head_dim = args.kv.head_dim;
     float *head = rope_shared + warp * head_dim;
     float *row = args.qkv + (int64_t)token * args.qkv_stride;
@@ -179,7 +131,7 @@ __global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
     const int32_t slot = position % args.kv.page_size;
     uint16_t *page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
     const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
-    for (int32_t h = warp; h < num_heads; h += GLMRT_ROPE_WARPS) {
+    if (h < num_heads) {
         float *source = row + (int64_t)h * head_dim;
         for (int32_t i = lane; i < head_dim; i += 32) {
             head[i] = source[i];
@@ -206,7 +158,6 @@ __global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
                 target[i] = glmrt_float_to_bf16_bits(head[i]);
             }
         }
-        __syncwarp();
     }
 }
 
@@ -216,7 +167,9 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
         return GLMRT_OK;
     }
     size_t shared = (size_t)GLMRT_ROPE_WARPS * args->kv.head_dim * sizeof(float);
-    glmrt_qk_rope_store_kernel<<<args->num_tokens, GLMRT_ROPE_WARPS * 32, shared, stream>>>(*args);
+    int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;
+    dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, GLMRT_ROPE_WARPS));
+    glmrt_qk_rope_store_kernel<<<grid, GLMRT_ROPE_WARPS * 32, shared, stream>>>(*args);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_qk_rope_store_kernel");
     return GLMRT_OK;
 }

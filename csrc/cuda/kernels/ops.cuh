@@ -37,9 +37,6 @@ typedef struct glmrt_cuda_rope_args {
     int32_t layer;
 } glmrt_cuda_rope_args;
 
-glmrt_status glmrt_cuda_rmsnorm(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
-                                const float *weight, int32_t n, float eps, float *y, int64_t y_stride,
-                                cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *token_ids, int32_t num_tokens,
                               float *out, cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_silu_mul(const float *gate_up, int32_t width, int32_t num_rows, const int32_t *device_rows,

@@ -86,12 +86,22 @@ __device__ void glmrt_apply_penalties(float *values, int32_t *counts, int32_t vo
     __syncthreads();
 }
 
+__device__ __forceinline__ bool glmrt_sample_reads_logits(const glmrt_cuda_sample_params &p, int32_t needs_sort)
+{
+    bool penalties = p.num_history > 0 && (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
+                                           p.presence_penalty != 0.0f);
+    return !needs_sort && !penalties;
+}
+
 __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     glmrt_sample_prepare_kernel(glmrt_cuda_sampler sampler, glmrt_cuda_sample_args args)
 {
     const int32_t row = blockIdx.x;
     const int32_t vocab = sampler.vocab_size;
     const glmrt_cuda_sample_params p = args.params[row];
+    if (glmrt_sample_reads_logits(p, args.needs_sort)) {
+        return;
+    }
     const float *logits = args.logits + (int64_t)row * vocab;
     float *values = sampler.values + (int64_t)row * vocab;
     int32_t *counts = sampler.counts + (int64_t)row * vocab;
@@ -191,6 +201,7 @@ __device__ int32_t glmrt_block_argmax(const float *values, int32_t vocab, float 
 {
     float best = 0.0f;
     int32_t best_id = -1;
+#pragma unroll 8
     for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = values[i];
         if (isnan(v)) {
@@ -252,7 +263,8 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     const int32_t vocab = sampler.vocab_size;
     const glmrt_cuda_sample_params p = args.params[row];
     if (p.temperature == 0.0f || !args.needs_sort) {
-        int32_t token = glmrt_block_argmax(sampler.values + (int64_t)row * vocab, vocab, best_values, best_ids);
+        const float *source = glmrt_sample_reads_logits(p, args.needs_sort) ? args.logits : sampler.values;
+        int32_t token = glmrt_block_argmax(source + (int64_t)row * vocab, vocab, best_values, best_ids);
         if (threadIdx.x == 0) {
             args.out_tokens[row] = token;
         }

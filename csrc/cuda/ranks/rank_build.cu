@@ -18,6 +18,7 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     if (st->stream != nullptr) {
         cudaStreamSynchronize(st->stream);
     }
+    glmrt_cuda_decode_graphs_release(st);
     cudaFree(st->weight_memory);
     cudaFree(st->workspace_memory);
     cudaFree(st->kv_memory);
@@ -178,6 +179,7 @@ glmrt_status glmrt_cuda_rank_page_capacity(glmrt_cuda_state *st, int32_t *out_pa
     int64_t per_page = st->kv_bytes_per_page + ((int64_t)page_size + 1) * 4;
     int64_t available = (int64_t)free_bytes - fixed_workspace - GLMRT_CUDA_RESERVE_BYTES;
     int64_t pages = available > 0 ? (int64_t)((double)available * (double)engine->options.kv_memory_fraction) / per_page : 0;
+    pages -= 1;
     if (pages > 0x3fffffffLL) {
         pages = 0x3fffffffLL;
     }
@@ -203,7 +205,8 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     glmrt_cuda_workspace_layout(d, &st->capacity, sort_bytes, nullptr, &st->ws, &st->workspace_bytes);
     GLMRT_TRY(glmrt_cuda_device_alloc(st, (void **)&st->workspace_memory, st->workspace_bytes, "workspace"));
     glmrt_cuda_workspace_layout(d, &st->capacity, sort_bytes, st->workspace_memory, &st->ws, &st->workspace_bytes);
-    st->kv_bytes = st->kv_bytes_per_page * st->kv_num_pages;
+    st->kv_pad_page = st->kv_num_pages;
+    st->kv_bytes = st->kv_bytes_per_page * ((int64_t)st->kv_num_pages + 1);
     GLMRT_TRY(glmrt_cuda_device_alloc(st, (void **)&st->kv_memory, st->kv_bytes, "the KV cache"));
     int32_t page_size = st->engine->options.kv_page_size;
     st->kv.base = st->kv_memory;
@@ -212,7 +215,7 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     st->kv.head_dim = d->head_dim;
     st->kv.head_elements = (int64_t)page_size * d->head_dim;
     st->kv.page_elements = 2 * (int64_t)d->num_kv_heads * st->kv.head_elements;
-    st->kv.layer_elements = st->kv.page_elements * st->kv_num_pages;
+    st->kv.layer_elements = st->kv.page_elements * ((int64_t)st->kv_num_pages + 1);
     st->step_input_bytes = glmrt_cuda_step_capacity_bytes(&st->capacity);
     GLMRT_CUDA_TRY(st->error, cudaHostAlloc((void **)&st->host_sampled, (size_t)d->max_batch * sizeof(int32_t),
                                             cudaHostAllocDefault));

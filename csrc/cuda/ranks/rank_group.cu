@@ -303,7 +303,7 @@ static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
     GLMRT_CUDA_TRY(&engine->error, cudaSetDevice(first->device));
     GLMRT_CUDA_TRY(&engine->error, cudaHostAlloc((void **)&group->host_step_inputs, (size_t)first->step_input_bytes,
                                                  cudaHostAllocPortable));
-    return GLMRT_OK;
+    return glmrt_cuda_decode_graphs_capture(first, group->host_step_inputs);
 }
 
 static glmrt_status glmrt_group_check_devices(glmrt_cuda_group *group)
@@ -420,8 +420,11 @@ glmrt_status glmrt_cuda_group_forward(glmrt_cuda_group *group, const glmrt_step_
     }
     glmrt_cuda_state *first = group->ranks[0];
     glmrt_cuda_step_counts counts;
-    GLMRT_TRY(glmrt_cuda_step_pack(batch, &first->capacity, &first->split_policy, first->kv.page_size,
-                                   first->kv_num_pages, group->host_step_inputs, &counts, error));
+    glmrt_cuda_step_padding padding;
+    padding.bucket = glmrt_cuda_decode_graph_bucket(first, batch);
+    padding.pad_page = first->kv_pad_page;
+    GLMRT_TRY(glmrt_cuda_step_pack_padded(batch, &first->capacity, &first->split_policy, first->kv.page_size,
+                                          first->kv_num_pages, &padding, group->host_step_inputs, &counts, error));
     if (group->num_ranks == 1) {
         return glmrt_group_forward_one(group, &counts, out_logits, out_sampled);
     }

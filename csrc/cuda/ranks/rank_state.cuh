@@ -107,6 +107,15 @@ typedef struct glmrt_cuda_matmuls {
     int32_t head_kind;
 } glmrt_cuda_matmuls;
 
+#define GLMRT_CUDA_MAX_DECODE_GRAPHS 40
+
+typedef struct glmrt_cuda_decode_graphs {
+    int32_t count;
+    int32_t buckets[GLMRT_CUDA_MAX_DECODE_GRAPHS];
+    cudaGraphExec_t execs[GLMRT_CUDA_MAX_DECODE_GRAPHS];
+    int64_t bytes;
+} glmrt_cuda_decode_graphs;
+
 typedef struct glmrt_cuda_state {
     glmrt_engine *engine;
     glmrt_error *error;
@@ -130,11 +139,13 @@ typedef struct glmrt_cuda_state {
     int64_t kv_bytes;
     int64_t kv_bytes_per_page;
     int32_t kv_num_pages;
+    int32_t kv_pad_page;
     glmrt_cuda_kv_layout kv;
     glmrt_cuda_step_capacity capacity;
     glmrt_cuda_split_policy split_policy;
     glmrt_cuda_matmuls *matmuls;
     int64_t step_input_bytes;
+    glmrt_cuda_decode_graphs graphs;
     int32_t *host_sampled;
     float rms_eps;
     float attention_scale;
@@ -153,5 +164,14 @@ glmrt_status glmrt_cuda_matmuls_bind(glmrt_cuda_state *st);
 void glmrt_cuda_matmuls_release(glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *state, const glmrt_cuda_step_counts *counts,
                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
+glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                        cudaGraphExec_t *out);
+glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                               const uint8_t *host_inputs);
+int32_t glmrt_cuda_decode_graph_grid(const glmrt_cuda_state *st, int32_t bucket);
+cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket);
+int32_t glmrt_cuda_decode_graph_bucket(const glmrt_cuda_state *st, const glmrt_step_batch *batch);
+glmrt_status glmrt_cuda_decode_graphs_capture(glmrt_cuda_state *st, uint8_t *host_inputs);
+void glmrt_cuda_decode_graphs_release(glmrt_cuda_state *st);
 
 #endif

@@ -4,6 +4,7 @@
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "moe.cuh"
+#include "norm.cuh"
 #include "ops.cuh"
 #include "rank_reduce.cuh"
 #include "rank_state.cuh"
@@ -71,6 +72,49 @@ static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, cons
     return glmrt_cuda_qgemm_run(&call, &step->state->matmuls->split, step->stream, step->error);
 }
 
+typedef glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*glmrt_operand_slot;
+
+typedef struct glmrt_step_norm_target {
+    const float *weight;
+    const int32_t *x_rows;
+    int32_t num_rows;
+    float *y;
+    const glmrt_cuda_matrix *consumer;
+    glmrt_operand_slot operand;
+} glmrt_step_norm_target;
+
+static glmrt_status glmrt_step_norm(const glmrt_step_context *step, const glmrt_step_norm_target *target)
+{
+    glmrt_cuda_state *st = step->state;
+    glmrt_cuda_rmsnorm_args norm;
+    norm.x = st->ws.hidden;
+    norm.x_stride = st->dims.hidden;
+    norm.x_rows = target->x_rows;
+    norm.num_rows = target->num_rows;
+    norm.weight = target->weight;
+    norm.n = st->dims.hidden;
+    norm.eps = st->rms_eps;
+    norm.y = target->y;
+    norm.y_stride = st->dims.hidden;
+    norm.quantized = target->consumer != nullptr && target->consumer->qgemm != nullptr
+                         ? glmrt_step_operand(step, target->operand)
+                         : nullptr;
+    return glmrt_cuda_rmsnorm_run(&norm, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_norm_rows(const glmrt_step_context *step, const float *weight,
+                                         const glmrt_cuda_matrix *consumer)
+{
+    glmrt_step_norm_target target;
+    target.weight = weight;
+    target.x_rows = nullptr;
+    target.num_rows = step->counts->num_tokens;
+    target.y = step->state->ws.normed;
+    target.consumer = consumer;
+    target.operand = &glmrt_cuda_matmuls::rows;
+    return glmrt_step_norm(step, &target);
+}
+
 static glmrt_status glmrt_step_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
                                      const glmrt_cuda_qgemm_operand *x_native, const float *x, int64_t x_stride,
                                      float *y, int64_t y_stride, int32_t num_rows, const float *bias,
@@ -83,6 +127,38 @@ static glmrt_status glmrt_step_dense(const glmrt_step_context *step, const glmrt
     return glmrt_cuda_gemm_dense(w, x, x_stride, y, y_stride, num_rows, bias, accumulate, step->stream, step->error);
 }
 
+static glmrt_status glmrt_step_dense_normed(const glmrt_step_context *step, const glmrt_cuda_matrix *w, float *y,
+                                            int64_t y_stride, const float *bias)
+{
+    int32_t rows = step->counts->num_tokens;
+    if (w->qgemm != nullptr) {
+        return glmrt_step_native_dense(step, w, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows), y, y_stride,
+                                       rows, bias, 0);
+    }
+    return glmrt_cuda_gemm_dense(w, step->state->ws.normed, step->state->dims.hidden, y, y_stride, rows, bias, 0,
+                                 step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_merge(const glmrt_step_context *step)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    glmrt_cuda_attention_merge_args merge;
+    merge.merges = step->view.merges;
+    merge.num_merges = step->counts->num_merges;
+    merge.device_num_merges = step->counts->bucket > 0 ? &step->view.device_counts->num_merges : nullptr;
+    merge.max_grid_merges = 0;
+    merge.num_q_heads = d->num_q_heads;
+    merge.group = d->group;
+    merge.num_kv_heads = d->num_kv_heads;
+    merge.head_dim = d->head_dim;
+    merge.partial_out = st->ws.partial_out;
+    merge.partial_stats = st->ws.partial_stats;
+    merge.out = st->ws.attn;
+    merge.out_stride = d->q_width;
+    return glmrt_cuda_attention_merge_run(&merge, step->stream, step->error);
+}
+
 static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t index)
 {
     glmrt_cuda_state *st = step->state;
@@ -91,10 +167,8 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     glmrt_cuda_workspace *ws = &st->ws;
     const glmrt_model_config *config = &st->engine->config;
     int32_t t = step->counts->num_tokens;
-    GLMRT_TRY(glmrt_cuda_rmsnorm(ws->hidden, d->hidden, nullptr, t, layer->input_norm, d->hidden, st->rms_eps,
-                                 ws->normed, d->hidden, step->stream, step->error));
-    GLMRT_TRY(glmrt_step_dense(step, &layer->qkv, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows), ws->normed,
-                               d->hidden, ws->qkv, d->qkv_width, t, layer->qkv_bias, 0));
+    GLMRT_TRY(glmrt_step_norm_rows(step, layer->input_norm, &layer->qkv));
+    GLMRT_TRY(glmrt_step_dense_normed(step, &layer->qkv, ws->qkv, d->qkv_width, layer->qkv_bias));
     glmrt_cuda_rope_args rope;
     rope.qkv = ws->qkv;
     rope.qkv_stride = d->qkv_width;
@@ -128,13 +202,19 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.partial_stats = ws->partial_stats;
     attention.items = step->view.decode_items;
     attention.num_items = step->counts->num_decode_items;
+    attention.device_num_items = nullptr;
+    attention.max_grid_items = 0;
+    if (step->counts->bucket > 0) {
+        attention.device_num_items = &step->view.device_counts->num_decode_items;
+        attention.max_grid_items = glmrt_cuda_decode_graph_grid(st, step->counts->bucket);
+    }
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, 1, step->stream, step->error));
     attention.items = step->view.prefill_items;
     attention.num_items = step->counts->num_prefill_items;
+    attention.device_num_items = nullptr;
+    attention.max_grid_items = 0;
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, st->capacity.prefill_tokens_per_item, step->stream, step->error));
-    GLMRT_TRY(glmrt_cuda_attention_merge_run(step->view.merges, step->counts->num_merges, d->num_q_heads, d->group,
-                                             d->num_kv_heads, d->head_dim, ws->partial_out, ws->partial_stats,
-                                             ws->attn, d->q_width, step->stream, step->error));
+    GLMRT_TRY(glmrt_step_merge(step));
     GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
                                ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr, st->owns_residual));
     return glmrt_step_reduce(step, t);
@@ -149,8 +229,7 @@ static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t width = down->cols;
-    GLMRT_TRY(glmrt_step_dense(step, gate_up, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows), ws->normed,
-                               d->hidden, ws->mlp_gate_up, 2 * (int64_t)width, t, nullptr, 0));
+    GLMRT_TRY(glmrt_step_dense_normed(step, gate_up, ws->mlp_gate_up, 2 * (int64_t)width, nullptr));
     if (down->qgemm != nullptr) {
         const glmrt_cuda_qgemm_operand *x = glmrt_step_operand(step, act);
         GLMRT_TRY(glmrt_step_quantize(step, x, ws->mlp_gate_up, 2 * (int64_t)width, nullptr, GLMRT_ACTIVATION_SILU_MUL,
@@ -295,12 +374,12 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
 static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
 {
     glmrt_cuda_state *st = step->state;
-    const glmrt_cuda_dims *d = &st->dims;
     const glmrt_cuda_layer *layer = &st->model.layers[index];
     glmrt_cuda_workspace *ws = &st->ws;
     GLMRT_TRY(glmrt_layer_attention(step, index));
-    GLMRT_TRY(glmrt_cuda_rmsnorm(ws->hidden, d->hidden, nullptr, step->counts->num_tokens, layer->post_attention_norm,
-                                 d->hidden, st->rms_eps, ws->normed, d->hidden, step->stream, step->error));
+    const glmrt_cuda_matrix *gate_up = layer->is_moe ? (layer->has_shared ? &layer->shared_gate_up : nullptr)
+                                                     : &layer->dense_gate_up;
+    GLMRT_TRY(glmrt_step_norm_rows(step, layer->post_attention_norm, gate_up));
     if (layer->is_moe) {
         return glmrt_layer_moe(step, layer);
     }
@@ -309,19 +388,34 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
     return glmrt_step_reduce(step, step->counts->num_tokens);
 }
 
-static glmrt_status glmrt_step_head(glmrt_step_context *step)
+static glmrt_status glmrt_step_logits(const glmrt_step_context *step)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t samples = step->counts->num_samples;
-    GLMRT_TRY(glmrt_cuda_rmsnorm(ws->hidden, d->hidden, step->view.sample_rows, samples, st->model.final_norm,
-                                 d->hidden, st->rms_eps, ws->sample_hidden, d->hidden, step->stream, step->error));
-    GLMRT_TRY(glmrt_step_dense(step, &st->model.lm_head, glmrt_step_operand(step, &glmrt_cuda_matmuls::head),
-                               ws->sample_hidden, d->hidden, ws->logits, d->vocab_local, samples, nullptr, 0));
+    glmrt_step_norm_target target;
+    target.weight = st->model.final_norm;
+    target.x_rows = step->view.sample_rows;
+    target.num_rows = samples;
+    target.y = ws->sample_hidden;
+    target.consumer = &st->model.lm_head;
+    target.operand = &glmrt_cuda_matmuls::head;
+    GLMRT_TRY(glmrt_step_norm(step, &target));
+    if (st->model.lm_head.qgemm != nullptr) {
+        return glmrt_step_native_dense(step, &st->model.lm_head, glmrt_step_operand(step, &glmrt_cuda_matmuls::head),
+                                       ws->logits, d->vocab_local, samples, nullptr, 0);
+    }
+    return glmrt_cuda_gemm_dense(&st->model.lm_head, ws->sample_hidden, d->hidden, ws->logits, d->vocab_local, samples,
+                                 nullptr, 0, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step)
+{
+    glmrt_cuda_workspace *ws = &step->state->ws;
     glmrt_cuda_sample_args sample;
     sample.logits = ws->logits;
-    sample.num_rows = samples;
+    sample.num_rows = step->counts->num_samples;
     sample.params = step->view.sample_params;
     sample.history = step->view.history;
     sample.needs_sort = step->counts->needs_sort;
@@ -329,27 +423,115 @@ static glmrt_status glmrt_step_head(glmrt_step_context *step)
     return glmrt_cuda_sample(&ws->sampler, &sample, step->stream, step->error);
 }
 
+static int32_t glmrt_step_samples(const glmrt_step_context *step)
+{
+    return step->state->dims.has_head ? step->counts->num_samples : 0;
+}
+
+static glmrt_status glmrt_step_body(glmrt_step_context *step)
+{
+    glmrt_cuda_state *st = step->state;
+    GLMRT_TRY(glmrt_cuda_embed(&st->model.embed, step->view.token_ids, step->counts->num_tokens, st->ws.hidden,
+                               step->stream, step->error));
+    for (int32_t i = 0; i < st->dims.num_layers; ++i) {
+        GLMRT_TRY(glmrt_layer_run(step, i));
+    }
+    if (glmrt_step_samples(step) > 0) {
+        return glmrt_step_logits(step);
+    }
+    return GLMRT_OK;
+}
+
+static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                    glmrt_step_context *step)
+{
+    step->state = st;
+    step->counts = counts;
+    step->error = st->error;
+    step->stream = st->stream;
+    glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step->view);
+}
+
+static glmrt_status glmrt_step_upload(const glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                      const uint8_t *host_inputs)
+{
+    glmrt_error *error = st->error;
+    GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs, host_inputs, (size_t)counts->bytes,
+                                          cudaMemcpyHostToDevice, st->stream));
+    if (counts->history_bytes > 0) {
+        GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs + counts->history_offset,
+                                              host_inputs + counts->history_offset, (size_t)counts->history_bytes,
+                                              cudaMemcpyHostToDevice, st->stream));
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_step_launch(glmrt_step_context *step)
+{
+    if (step->counts->bucket <= 0) {
+        return glmrt_step_body(step);
+    }
+    cudaGraphExec_t graph = glmrt_cuda_decode_graph_of(step->state, step->counts->bucket);
+    if (graph == nullptr) {
+        return glmrt_error_set(step->error, GLMRT_ERR_INVARIANT, "no decode graph was captured for %d rows",
+                               step->counts->bucket);
+    }
+    GLMRT_CUDA_TRY(step->error, cudaGraphLaunch(graph, step->stream));
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                        cudaGraphExec_t *out)
+{
+    *out = nullptr;
+    glmrt_step_context step;
+    glmrt_step_context_init(st, counts, &step);
+    GLMRT_CUDA_TRY(st->error, cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal));
+    glmrt_status status = glmrt_step_body(&step);
+    cudaGraph_t graph = nullptr;
+    cudaError_t ended = cudaStreamEndCapture(st->stream, &graph);
+    if (status == GLMRT_OK && ended != cudaSuccess) {
+        status = glmrt_error_set(st->error, GLMRT_ERR_BACKEND, "capturing the decode step of %d rows failed: %s",
+                                 counts->bucket, cudaGetErrorString(ended));
+    }
+    if (status == GLMRT_OK) {
+        cudaError_t made = cudaGraphInstantiate(out, graph, 0);
+        if (made != cudaSuccess) {
+            *out = nullptr;
+            status = glmrt_error_set(st->error, GLMRT_ERR_BACKEND, "instantiating the decode graph of %d rows failed: %s",
+                                     counts->bucket, cudaGetErrorString(made));
+        }
+    }
+    if (graph != nullptr) {
+        cudaGraphDestroy(graph);
+    }
+    cudaGetLastError();
+    return status;
+}
+
+glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                               const uint8_t *host_inputs)
+{
+    glmrt_step_context step;
+    glmrt_step_context_init(st, counts, &step);
+    GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
+    GLMRT_TRY(glmrt_step_body(&step));
+    GLMRT_CUDA_TRY(st->error, cudaStreamSynchronize(st->stream));
+    return GLMRT_OK;
+}
+
 glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled)
 {
     glmrt_error *error = st->error;
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
-    GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs, host_inputs, (size_t)counts->bytes,
-                                          cudaMemcpyHostToDevice, st->stream));
     glmrt_step_context step;
-    step.state = st;
-    step.counts = counts;
-    step.error = error;
-    step.stream = st->stream;
-    glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step.view);
-    GLMRT_TRY(glmrt_cuda_embed(&st->model.embed, step.view.token_ids, counts->num_tokens, st->ws.hidden, st->stream,
-                               error));
-    for (int32_t i = 0; i < st->dims.num_layers; ++i) {
-        GLMRT_TRY(glmrt_layer_run(&step, i));
-    }
-    int32_t samples = st->dims.has_head ? counts->num_samples : 0;
+    glmrt_step_context_init(st, counts, &step);
+    GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
+    GLMRT_TRY(glmrt_step_launch(&step));
+    int32_t samples = glmrt_step_samples(&step);
     if (samples > 0) {
-        GLMRT_TRY(glmrt_step_head(&step));
+        GLMRT_TRY(glmrt_step_sample_tokens(&step));
         GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->host_sampled, st->ws.sampled, (size_t)samples * sizeof(int32_t),
                                               cudaMemcpyDeviceToHost, st->stream));
         if (out_logits != nullptr) {

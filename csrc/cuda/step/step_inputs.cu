@@ -11,17 +11,18 @@ extern "C" {
 #define GLMRT_STEP_ALIGN 16
 
 typedef struct glmrt_step_offsets {
+    int64_t device_counts;
     int64_t token_ids;
     int64_t positions;
     int64_t token_seq;
     int64_t seq_page_begin;
-    int64_t page_ids;
     int64_t sample_rows;
     int64_t sample_params;
-    int64_t history;
+    int64_t merges;
     int64_t decode_items;
     int64_t prefill_items;
-    int64_t merges;
+    int64_t page_ids;
+    int64_t history;
     int64_t end;
 } glmrt_step_offsets;
 
@@ -32,45 +33,90 @@ static int64_t glmrt_step_section(int64_t *cursor, int64_t bytes)
     return at;
 }
 
-static glmrt_step_offsets glmrt_step_layout(int64_t tokens, int64_t seqs, int64_t samples, int64_t pages,
-                                            int64_t history, int64_t decode_items, int64_t prefill_items,
-                                            int64_t merges)
+static glmrt_step_offsets glmrt_step_layout(const glmrt_cuda_step_sections *n)
 {
     glmrt_step_offsets o;
     int64_t cursor = 0;
-    o.token_ids = glmrt_step_section(&cursor, tokens * 4);
-    o.positions = glmrt_step_section(&cursor, tokens * 4);
-    o.token_seq = glmrt_step_section(&cursor, tokens * 4);
-    o.seq_page_begin = glmrt_step_section(&cursor, seqs * 4);
-    o.page_ids = glmrt_step_section(&cursor, pages * 4);
-    o.sample_rows = glmrt_step_section(&cursor, samples * 4);
-    o.sample_params = glmrt_step_section(&cursor, samples * (int64_t)sizeof(glmrt_cuda_sample_params));
-    o.history = glmrt_step_section(&cursor, history * 4);
-    o.decode_items = glmrt_step_section(&cursor, decode_items * (int64_t)sizeof(glmrt_cuda_attention_item));
-    o.prefill_items = glmrt_step_section(&cursor, prefill_items * (int64_t)sizeof(glmrt_cuda_attention_item));
-    o.merges = glmrt_step_section(&cursor, merges * (int64_t)sizeof(glmrt_cuda_attention_merge));
+    o.device_counts = glmrt_step_section(&cursor, (int64_t)sizeof(glmrt_cuda_step_device_counts));
+    o.token_ids = glmrt_step_section(&cursor, (int64_t)n->tokens * 4);
+    o.positions = glmrt_step_section(&cursor, (int64_t)n->tokens * 4);
+    o.token_seq = glmrt_step_section(&cursor, (int64_t)n->tokens * 4);
+    o.seq_page_begin = glmrt_step_section(&cursor, (int64_t)n->seqs * 4);
+    o.sample_rows = glmrt_step_section(&cursor, (int64_t)n->samples * 4);
+    o.sample_params = glmrt_step_section(&cursor, (int64_t)n->samples * (int64_t)sizeof(glmrt_cuda_sample_params));
+    o.merges = glmrt_step_section(&cursor, (int64_t)n->merges * (int64_t)sizeof(glmrt_cuda_attention_merge));
+    o.decode_items = glmrt_step_section(&cursor, (int64_t)n->decode_items * (int64_t)sizeof(glmrt_cuda_attention_item));
+    o.prefill_items =
+        glmrt_step_section(&cursor, (int64_t)n->prefill_items * (int64_t)sizeof(glmrt_cuda_attention_item));
+    o.page_ids = glmrt_step_section(&cursor, n->pages * 4);
+    o.history = glmrt_step_section(&cursor, n->history * 4);
     o.end = cursor;
     return o;
 }
 
-static glmrt_step_offsets glmrt_step_layout_counts(const glmrt_cuda_step_counts *c)
+static glmrt_cuda_step_sections glmrt_step_capacity_sections(const glmrt_cuda_step_capacity *capacity)
 {
-    return glmrt_step_layout(c->num_tokens, c->num_seqs, c->num_samples, c->num_pages, c->num_history,
-                             c->num_decode_items, c->num_prefill_items, c->num_merges);
+    glmrt_cuda_step_sections n;
+    n.tokens = capacity->max_tokens;
+    n.seqs = capacity->max_seqs;
+    n.samples = capacity->max_samples;
+    n.decode_items = capacity->max_decode_items;
+    n.prefill_items = capacity->max_prefill_items;
+    n.merges = capacity->max_merges;
+    n.pages = capacity->max_pages;
+    n.history = capacity->max_history;
+    return n;
 }
 
 int64_t glmrt_cuda_step_capacity_bytes(const glmrt_cuda_step_capacity *capacity)
 {
-    glmrt_step_offsets o = glmrt_step_layout(capacity->max_tokens, capacity->max_seqs, capacity->max_samples,
-                                             capacity->max_pages, capacity->max_history,
-                                             capacity->max_decode_items, capacity->max_prefill_items,
-                                             capacity->max_merges);
-    return o.end;
+    glmrt_cuda_step_sections n = glmrt_step_capacity_sections(capacity);
+    return glmrt_step_layout(&n).end;
+}
+
+int32_t glmrt_cuda_step_bucket_items(const glmrt_cuda_step_capacity *capacity, int32_t bucket)
+{
+    int64_t items = (int64_t)bucket * GLMRT_ATTENTION_MAX_SPLITS;
+    return items < capacity->max_decode_items ? (int32_t)items : capacity->max_decode_items;
+}
+
+static glmrt_cuda_step_sections glmrt_step_bucket_sections(const glmrt_cuda_step_capacity *capacity, int32_t bucket)
+{
+    glmrt_cuda_step_sections n = glmrt_step_capacity_sections(capacity);
+    n.tokens = bucket;
+    n.seqs = bucket;
+    n.samples = bucket;
+    n.decode_items = glmrt_cuda_step_bucket_items(capacity, bucket);
+    n.prefill_items = 0;
+    n.merges = bucket;
+    return n;
+}
+
+glmrt_status glmrt_cuda_step_bucket_counts(const glmrt_cuda_step_capacity *capacity, int32_t bucket,
+                                           glmrt_cuda_step_counts *c, glmrt_error *error)
+{
+    memset(c, 0, sizeof(*c));
+    if (bucket < 1 || bucket > capacity->max_tokens || bucket > capacity->max_seqs || bucket > capacity->max_merges ||
+        bucket > capacity->max_samples) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "decode bucket of %d rows is outside the plan of %d tokens and %d sequences", bucket,
+                               capacity->max_tokens, capacity->max_seqs);
+    }
+    c->bucket = bucket;
+    c->layout = glmrt_step_bucket_sections(capacity, bucket);
+    c->num_tokens = bucket;
+    c->num_seqs = bucket;
+    c->num_samples = bucket;
+    c->num_decode_items = c->layout.decode_items;
+    c->num_merges = bucket;
+    c->bytes = glmrt_step_layout(&c->layout).end;
+    return GLMRT_OK;
 }
 
 void glmrt_cuda_step_view_at(const glmrt_cuda_step_counts *counts, uint8_t *base, glmrt_cuda_step_view *view)
 {
-    glmrt_step_offsets o = glmrt_step_layout_counts(counts);
+    glmrt_step_offsets o = glmrt_step_layout(&counts->layout);
+    view->device_counts = (glmrt_cuda_step_device_counts *)(base + o.device_counts);
     view->token_ids = (int32_t *)(base + o.token_ids);
     view->positions = (int32_t *)(base + o.positions);
     view->token_seq = (int32_t *)(base + o.token_seq);
@@ -253,8 +299,59 @@ static glmrt_status glmrt_step_count(const glmrt_step_batch *batch, const glmrt_
     c->num_prefill_items = counter.num_prefill;
     c->num_merges = counter.num_merges;
     c->num_partials = counter.num_partials;
-    c->bytes = glmrt_step_layout_counts(c).end;
+    c->layout.tokens = c->num_tokens;
+    c->layout.seqs = c->num_seqs;
+    c->layout.samples = c->num_samples;
+    c->layout.decode_items = c->num_decode_items;
+    c->layout.prefill_items = c->num_prefill_items;
+    c->layout.merges = c->num_merges;
+    c->layout.pages = c->num_pages;
+    c->layout.history = c->num_history;
+    c->bytes = glmrt_step_layout(&c->layout).end;
     return GLMRT_OK;
+}
+
+static glmrt_status glmrt_step_fit_bucket(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
+                                          int32_t bucket, glmrt_cuda_step_counts *c, glmrt_error *error)
+{
+    int32_t pads = bucket - c->num_tokens;
+    for (int32_t s = 0; s < batch->num_seqs; ++s) {
+        if (batch->seq_num_tokens[s] != 1) {
+            return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "a decode bucket holds one token a sequence, sequence %d has %d",
+                                   s, batch->seq_num_tokens[s]);
+        }
+    }
+    if (pads < 0 || c->num_samples != c->num_tokens || c->num_prefill_items != 0 ||
+        c->num_decode_items + pads > glmrt_cuda_step_bucket_items(capacity, bucket) ||
+        c->num_pages + 1 > capacity->max_pages) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "step of %d tokens, %d samples, %d attention items and %lld page ids does not fit the decode bucket of %d",
+                               c->num_tokens, c->num_samples, c->num_decode_items, (long long)c->num_pages, bucket);
+    }
+    c->bucket = bucket;
+    c->layout = glmrt_step_bucket_sections(capacity, bucket);
+    glmrt_step_offsets o = glmrt_step_layout(&c->layout);
+    c->bytes = o.page_ids + (c->num_pages + 1) * 4;
+    c->history_offset = o.history;
+    c->history_bytes = c->num_history * 4;
+    return GLMRT_OK;
+}
+
+static void glmrt_step_write_pads(const glmrt_cuda_step_counts *c, int32_t pad_page, glmrt_cuda_step_view *v,
+                                  glmrt_item_writer *writer)
+{
+    int32_t pad_entry = (int32_t)c->num_pages;
+    v->page_ids[pad_entry] = pad_page;
+    for (int32_t row = c->num_tokens; row < c->bucket; ++row) {
+        v->token_ids[row] = 0;
+        v->positions[row] = 0;
+        v->token_seq[row] = row;
+        v->seq_page_begin[row] = pad_entry;
+        v->sample_rows[row] = row;
+        memset(&v->sample_params[row], 0, sizeof(v->sample_params[row]));
+        glmrt_items_for_decode(row, row, 1, writer);
+    }
+    v->device_counts->num_decode_items = writer->num_decode;
 }
 
 static void glmrt_step_write_samples(const glmrt_step_batch *batch, glmrt_cuda_step_view *v)
@@ -285,16 +382,21 @@ static void glmrt_step_write_samples(const glmrt_step_batch *batch, glmrt_cuda_s
     }
 }
 
-glmrt_status glmrt_cuda_step_pack(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
-                                  const glmrt_cuda_split_policy *policy, int32_t page_size, int32_t num_pool_pages,
-                                  uint8_t *host, glmrt_cuda_step_counts *counts, glmrt_error *error)
+glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
+                                         const glmrt_cuda_split_policy *policy, int32_t page_size,
+                                         int32_t num_pool_pages, const glmrt_cuda_step_padding *padding,
+                                         uint8_t *host, glmrt_cuda_step_counts *counts, glmrt_error *error)
 {
-    glmrt_status status = glmrt_step_count(batch, capacity, policy, page_size, counts, error);
-    if (status != GLMRT_OK) {
-        return status;
+    GLMRT_TRY(glmrt_step_count(batch, capacity, policy, page_size, counts, error));
+    if (padding != nullptr && padding->bucket > 0) {
+        GLMRT_TRY(glmrt_step_fit_bucket(batch, capacity, padding->bucket, counts, error));
     }
     glmrt_cuda_step_view v;
     glmrt_cuda_step_view_at(counts, host, &v);
+    v.device_counts->num_decode_items = counts->num_decode_items;
+    v.device_counts->num_prefill_items = counts->num_prefill_items;
+    v.device_counts->num_merges = counts->num_merges;
+    v.device_counts->reserved = 0;
     size_t token_bytes = (size_t)batch->num_tokens * sizeof(int32_t);
     memcpy(v.token_ids, batch->token_ids, token_bytes);
     memcpy(v.positions, batch->positions, token_bytes);
@@ -321,5 +423,16 @@ glmrt_status glmrt_cuda_step_pack(const glmrt_step_batch *batch, const glmrt_cud
     writer.merges = v.merges;
     writer.policy = policy;
     glmrt_items_build(batch, &writer);
+    if (counts->bucket > 0) {
+        glmrt_step_write_pads(counts, padding->pad_page, &v, &writer);
+    }
     return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_step_pack(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
+                                  const glmrt_cuda_split_policy *policy, int32_t page_size, int32_t num_pool_pages,
+                                  uint8_t *host, glmrt_cuda_step_counts *counts, glmrt_error *error)
+{
+    return glmrt_cuda_step_pack_padded(batch, capacity, policy, page_size, num_pool_pages, nullptr, host, counts,
+                                       error);
 }

@@ -1,0 +1,118 @@
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.gpu_bench import GLM47_CONFIG, PAGE_SIZE, fill_contexts, random_prompt, write_model_dir
+from glmrt.engine.engine import Engine, SamplingParams
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="bench/step_profile.py",
+                                     description="Where a CUDA decode step goes: every kernel's time and launches "
+                                                 "per step under torch.profiler, at the GLM-4.7-FP8 shape.")
+    parser.add_argument("--moe-layers", type=int, default=4)
+    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--top", type=int, default=16, help="kernels listed per batch")
+    parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"))
+    parser.add_argument("--json", help="write the tables to this file")
+    return parser.parse_args(argv)
+
+
+def short_name(name):
+    base = name.split("(")[0]
+    if base.startswith("void "):
+        base = base[5:]
+    return base.split("<")[0][:60]
+
+
+def kernel_events(profiler):
+    events = []
+    for event in profiler.events():
+        kind = str(getattr(event, "device_type", ""))
+        if "CUDA" in kind and event.device_time_total > 0 and "Memcpy" not in event.name \
+                and "Memset" not in event.name:
+            events.append(event)
+    return events
+
+
+def profile_batch(torch, engine, requests, steps):
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        engine.step(requests)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step(requests)
+        wall = time.perf_counter() - start
+    per_kernel = defaultdict(lambda: [0, 0.0])
+    for event in kernel_events(profiler):
+        entry = per_kernel[short_name(event.name)]
+        entry[0] += 1
+        entry[1] += event.device_time_total
+    gpu_us = sum(entry[1] for entry in per_kernel.values()) / steps
+    launches = sum(entry[0] for entry in per_kernel.values()) / steps
+    kernels = sorted(((name, count / steps, total / steps) for name, (count, total) in per_kernel.items()),
+                     key=lambda row: -row[2])
+    return dict(batch=len(requests), wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
+                kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels])
+
+
+def print_batch(row, top, layers):
+    wall, gpu = row["wall_us"], row["gpu_us"]
+    print(f"\nbatch {row['batch']}: step {wall:.0f} us wall, kernels {gpu:.0f} us ({100 * gpu / wall:.1f}% of the "
+          f"wall time), {row['launches']:.0f} kernels a step ({row['launches'] / layers:.1f} a layer)")
+    print("| kernel | launches a step | us a step | share of kernel time |")
+    print("|---|---|---|---|")
+    for kernel in row["kernels"][:top]:
+        print(f"| {kernel['name']} | {kernel['per_step']:.0f} | {kernel['us']:.1f} | "
+              f"{100 * kernel['us'] / gpu:.1f}% |")
+
+
+def main(argv):
+    args = parse_args(argv)
+    import torch
+
+    batches = [int(b) for b in args.batches.split(",") if b]
+    dense = json.loads(GLM47_CONFIG.read_text())["first_k_dense_replace"]
+    model_dir, config = write_model_dir(dense + args.moe_layers)
+    largest = max(batches)
+    new_tokens = len(batches) * (args.steps + 2) + 4
+    pages = largest * -(-(args.context + new_tokens + 1) // PAGE_SIZE) + 16
+    engine = Engine(model_dir, backend="cuda", random_weights=True, max_batch=largest,
+                    max_tokens_per_step=max(2048, largest), kv_page_size=PAGE_SIZE, kv_num_pages=pages,
+                    matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+    requests = [engine.create_request(random_prompt(rng, args.context, config["vocab_size"]), params)
+                for _ in range(largest)]
+    fill_contexts(engine, requests)
+    info = engine.info()
+    print(f"{info.device_name}, {config['num_hidden_layers']} layers ({args.moe_layers} MoE), "
+          f"{info.num_decode_graphs} decode graphs, matmul precision {args.matmul_precision}")
+    rows = [profile_batch(torch, engine, requests[:batch], args.steps) for batch in batches]
+    for row in rows:
+        print_batch(row, args.top, config["num_hidden_layers"])
+    for request in requests:
+        engine.free_request(request)
+    engine.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+#include <string.h>
+
+#include "cuda_check.cuh"
+#include "device_math.cuh"
+#include "rank_state.cuh"
+
+#define GLMRT_DECODE_GRAPH_WAVES 4
+
+static int32_t glmrt_decode_bucket_after(int32_t bucket)
+{
+    if (bucket < 16) {
+        return bucket * 2;
+    }
+    if (bucket < 128) {
+        return bucket + 16;
+    }
+    if (bucket < 256) {
+        return bucket + 32;
+    }
+    return bucket + 64;
+}
+
+static int32_t glmrt_decode_bucket_limit(const glmrt_cuda_state *st)
+{
+    int32_t limit = st->capacity.max_seqs;
+    if (st->capacity.max_tokens < limit) {
+        limit = st->capacity.max_tokens;
+    }
+    return limit;
+}
+
+static int glmrt_decode_graphs_wanted(const glmrt_cuda_state *st)
+{
+    const glmrt_engine_options *o = &st->engine->options;
+    return o->decode_graphs == GLMRT_DECODE_GRAPHS_DEFAULT && st->rank.num_ranks == 1 && st->dims.has_head;
+}
+
+int32_t glmrt_cuda_decode_graph_grid(const glmrt_cuda_state *st, int32_t bucket)
+{
+    int32_t heads = st->dims.num_kv_heads > 0 ? st->dims.num_kv_heads : 1;
+    int32_t resident = glmrt_ceil_div(GLMRT_DECODE_GRAPH_WAVES * st->num_sms, heads);
+    int32_t grid = 2 * bucket > resident ? 2 * bucket : resident;
+    int32_t items = glmrt_cuda_step_bucket_items(&st->capacity, bucket);
+    return grid < items ? grid : items;
+}
+
+cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket)
+{
+    for (int32_t i = 0; i < st->graphs.count; ++i) {
+        if (st->graphs.buckets[i] == bucket) {
+            return st->graphs.execs[i];
+        }
+    }
+    return nullptr;
+}
+
+int32_t glmrt_cuda_decode_graph_bucket(const glmrt_cuda_state *st, const glmrt_step_batch *batch)
+{
+    if (st->graphs.count == 0 || batch->num_tokens != batch->num_seqs || batch->num_samples != batch->num_tokens) {
+        return 0;
+    }
+    for (int32_t s = 0; s < batch->num_seqs; ++s) {
+        if (batch->seq_num_tokens[s] != 1) {
+            return 0;
+        }
+    }
+    for (int32_t i = 0; i < st->graphs.count; ++i) {
+        if (st->graphs.buckets[i] >= batch->num_tokens) {
+            return st->graphs.buckets[i];
+        }
+    }
+    return 0;
+}
+
+static glmrt_status glmrt_decode_graphs_warm_up(glmrt_cuda_state *st, int32_t bucket, uint8_t *host_inputs)
+{
+    glmrt_step_batch empty;
+    memset(&empty, 0, sizeof(empty));
+    glmrt_cuda_step_padding padding;
+    padding.bucket = bucket;
+    padding.pad_page = st->kv_pad_page;
+    glmrt_cuda_step_counts counts;
+    GLMRT_TRY(glmrt_cuda_step_pack_padded(&empty, &st->capacity, &st->split_policy, st->kv.page_size,
+                                          st->kv_num_pages, &padding, host_inputs, &counts, st->error));
+    return glmrt_cuda_forward_padded_warm_up(st, &counts, host_inputs);
+}
+
+static glmrt_status glmrt_decode_graphs_capture_all(glmrt_cuda_state *st, uint8_t *host_inputs)
+{
+    int32_t limit = glmrt_decode_bucket_limit(st);
+    GLMRT_TRY(glmrt_decode_graphs_warm_up(st, limit, host_inputs));
+    for (int32_t bucket = 1; bucket > 0 && st->graphs.count < GLMRT_CUDA_MAX_DECODE_GRAPHS;
+         bucket = bucket >= limit ? 0 : glmrt_decode_bucket_after(bucket)) {
+        int32_t rows = bucket < limit ? bucket : limit;
+        glmrt_cuda_step_counts counts;
+        GLMRT_TRY(glmrt_cuda_step_bucket_counts(&st->capacity, rows, &counts, st->error));
+        cudaGraphExec_t exec = nullptr;
+        GLMRT_TRY(glmrt_cuda_forward_capture(st, &counts, &exec));
+        st->graphs.buckets[st->graphs.count] = rows;
+        st->graphs.execs[st->graphs.count] = exec;
+        st->graphs.count += 1;
+    }
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_decode_graphs_capture(glmrt_cuda_state *st, uint8_t *host_inputs)
+{
+    if (!glmrt_decode_graphs_wanted(st)) {
+        return GLMRT_OK;
+    }
+    GLMRT_CUDA_TRY(st->error, cudaSetDevice(st->device));
+    size_t free_before = 0;
+    size_t free_after = 0;
+    size_t total = 0;
+    GLMRT_CUDA_TRY(st->error, cudaMemGetInfo(&free_before, &total));
+    glmrt_status status = glmrt_decode_graphs_capture_all(st, host_inputs);
+    if (status != GLMRT_OK) {
+        glmrt_cuda_decode_graphs_release(st);
+        return status;
+    }
+    GLMRT_CUDA_TRY(st->error, cudaMemGetInfo(&free_after, &total));
+    st->graphs.bytes = free_before > free_after ? (int64_t)(free_before - free_after) : 0;
+    return GLMRT_OK;
+}
+
+void glmrt_cuda_decode_graphs_release(glmrt_cuda_state *st)
+{
+    for (int32_t i = 0; i < st->graphs.count; ++i) {
+        if (st->graphs.execs[i] != nullptr) {
+            cudaGraphExecDestroy(st->graphs.execs[i]);
+        }
+    }
+    memset(&st->graphs, 0, sizeof(st->graphs));
+}
