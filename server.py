@@ -63,6 +63,7 @@ def served_model_name(args, model_dir):
 
 class GlmrtServer:
     def __init__(self, args, model_dir):
+        sys.setswitchinterval(args.switch_interval)
         self.args = args
         self.model_dir = model_dir
         name = served_model_name(args, model_dir)

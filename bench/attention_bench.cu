@@ -177,7 +177,6 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
     memset(&merge, 0, sizeof(merge));
     merge.merges = view.merges;
     merge.num_merges = counts.num_merges;
-    merge.num_q_heads = num_heads;
     merge.group = GLMRT_BENCH_GROUP;
     merge.num_kv_heads = GLMRT_BENCH_KV_HEADS;
     merge.head_dim = GLMRT_BENCH_HEAD_DIM;

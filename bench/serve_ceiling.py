@@ -2,6 +2,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+GLM47_CONFIG = REPO_ROOT / "tests" / "data" / "glm-4.7-fp8.config.json"
 LISTENING = re.compile(r"listening on (?:ws|http)://[0-9.]+:([0-9]+)")
 TINY_MODEL = dict(hidden_size=256, num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=128)
@@ -30,6 +32,11 @@ def parse_args(argv):
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--gen-len", type=int, default=256)
     parser.add_argument("--engine-steps", type=int, default=400)
+    parser.add_argument("--glm-moe-layers", type=int, default=0,
+                        help="serve the GLM-4.7-FP8 shape (3 dense + N MoE layers, random weights on the GPU, a "
+                             "tokenizer of the real vocabulary size) instead of the tiny model")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="extra server arguments, one server run each (repeatable; default: none)")
     parser.add_argument("--json", default=None)
     return parser.parse_args(argv)
 
@@ -39,6 +46,22 @@ def write_tiny_model(out_dir):
     from glmrt.testmodel.writer import write_test_model
 
     return write_test_model(out_dir, seed=0, weight_format="bf16", **TINY_MODEL)
+
+
+def write_glm_shape(out_dir, moe_layers):
+    sys.path.insert(0, str(REPO_ROOT))
+    from glmrt.testmodel.tokenizer import write_tokenizer_files
+
+    config = json.loads(GLM47_CONFIG.read_text())
+    config["num_hidden_layers"] = config["first_k_dense_replace"] + moe_layers
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config))
+    write_tokenizer_files(out_dir, config["vocab_size"], config["max_position_embeddings"])
+    return out_dir
+
+
+def model_options(args):
+    return ["--random-weights"] if args.glm_moe_layers > 0 else []
 
 
 def tree_environment(tree):
@@ -64,11 +87,12 @@ def metric(text, name):
     return total
 
 
-def start_server(tree, model_dir, args, log_path):
+def start_server(tree, model_dir, args, log_path, variant):
     batch = args.clients * args.concurrency
     command = [sys.executable, "server.py", "--model", str(model_dir), "--backend", args.backend, "--port", "0",
                "--max-batch", str(batch), "--max-tokens-per-step", str(max(batch, 512)), "--kv-pages",
                str(batch * ((args.prompt_len + args.gen_len) // 16 + 4)), "--max-queued", str(batch)]
+    command += model_options(args) + shlex.split(variant)
     env = tree_environment(tree)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -111,9 +135,15 @@ def run_load(tree, port, api, args, out_dir):
         results.append(json.loads(json_path.read_text()))
     steps = metric(after, "glmrt:step_duration_seconds_count") - metric(before, "glmrt:step_duration_seconds_count")
     tokens = metric(after, "glmrt:generation_tokens_total") - metric(before, "glmrt:generation_tokens_total")
+    errors = {}
+    for result in results:
+        for kind, count in (result.get("errors") or {}).items():
+            errors[kind] = errors.get(kind, 0) + count
+    batch = metric(after, "glmrt:step_batch_size_sum") - metric(before, "glmrt:step_batch_size_sum")
+    busy = metric(after, "glmrt:step_duration_seconds_sum") - metric(before, "glmrt:step_duration_seconds_sum")
     return {"steps_per_s": steps / elapsed, "server_tokens_per_s": tokens / elapsed,
             "client_tokens_per_s": sum(result.get("output_tokens_per_s", 0.0) for result in results),
-            "errors": sum(sum((result.get("errors") or {}).values()) for result in results)}
+            "mean_batch": batch / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0, "errors": sum(errors.values()), "error_kinds": errors}
 
 
 def engine_ceiling(model_dir, args):
@@ -122,7 +152,8 @@ def engine_ceiling(model_dir, args):
 
     batch = args.clients * args.concurrency
     with Engine(model_dir, backend=args.backend, max_batch=batch, max_tokens_per_step=max(batch, 512),
-                kv_num_pages=batch * ((args.prompt_len + args.engine_steps) // 16 + 4)) as engine:
+                kv_num_pages=batch * ((args.prompt_len + args.engine_steps) // 16 + 4),
+                random_weights=args.glm_moe_layers > 0) as engine:
         params = SamplingParams(temperature=1.0, max_new_tokens=args.engine_steps + 64, ignore_eos=True)
         requests = [engine.create_request([(index * 7 + position) % 1000 + 3 for position in range(args.prompt_len)],
                                           params) for index in range(batch)]
@@ -135,35 +166,44 @@ def engine_ceiling(model_dir, args):
     return {"steps_per_s": args.engine_steps / elapsed, "tokens_per_s": args.engine_steps * batch / elapsed}
 
 
+def serve_once(tree, model_dir, args, work, variant, api):
+    log_path = Path(work) / "server.log"
+    process, port = start_server(tree, model_dir, args, log_path, variant)
+    try:
+        result = run_load(tree, port, api, args, work)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    print(f"{tree} [{variant}] {api}: {result['steps_per_s']:.1f} steps/s, server {result['server_tokens_per_s']:.0f} "
+          f"tokens/s, clients {result['client_tokens_per_s']:.0f} tokens/s, mean batch {result['mean_batch']:.1f}, "
+          f"mean step {result['mean_step_ms']:.2f} ms, "
+          f"errors {result['error_kinds'] or 'none'}", flush=True)
+    return dict(tree=tree, variant=variant, api=api, **result)
+
+
 def main(argv=None):
     args = parse_args(argv)
     trees = [str(Path(tree).resolve()) for tree in args.tree] or [str(REPO_ROOT)]
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        model_dir = write_tiny_model(Path(work) / "tiny")
+        if args.glm_moe_layers > 0:
+            model_dir = write_glm_shape(Path(work) / "glm", args.glm_moe_layers)
+        else:
+            model_dir = write_tiny_model(Path(work) / "tiny")
         engine = engine_ceiling(model_dir, args)
         print(f"engine alone, batch {args.clients * args.concurrency}: {engine['steps_per_s']:.1f} steps/s, "
               f"{engine['tokens_per_s']:.0f} tokens/s", flush=True)
         for tree in trees:
             apis = args.apis.split(",") if tree_layout(tree)["new"] else ["websocket"]
-            for api in apis:
-                log_path = Path(work) / "server.log"
-                process, port = start_server(tree, model_dir, args, log_path)
-                try:
-                    result = run_load(tree, port, api, args, work)
-                finally:
-                    process.send_signal(signal.SIGTERM)
-                    process.wait(timeout=120)
-                row = dict(tree=tree, api=api, **result)
-                rows.append(row)
-                print(f"{tree} {api}: {result['steps_per_s']:.1f} steps/s, server {result['server_tokens_per_s']:.0f} "
-                      f"tokens/s, clients {result['client_tokens_per_s']:.0f} tokens/s, errors {result['errors']}",
-                      flush=True)
-    print("| tree | api | steps/s | server tokens/s | client tokens/s | of the engine's step rate |")
-    print("|---|---|---|---|---|---|")
+            for variant in args.variant or [""]:
+                for api in apis:
+                    rows.append(serve_once(tree, model_dir, args, work, variant, api))
+    print("| tree | server arguments | api | steps/s | server tokens/s | client tokens/s | of the engine's step rate |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['tree']} | {row['api']} | {row['steps_per_s']:.1f} | {row['server_tokens_per_s']:.0f} | "
-              f"{row['client_tokens_per_s']:.0f} | {row['steps_per_s'] / engine['steps_per_s']:.1%} |")
+        print(f"| {row['tree']} | {row['variant']} | {row['api']} | {row['steps_per_s']:.1f} | "
+              f"{row['server_tokens_per_s']:.0f} | {row['client_tokens_per_s']:.0f} | "
+              f"{row['steps_per_s'] / engine['steps_per_s']:.1%} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"engine": engine, "rows": rows}, indent=2))
     return 0

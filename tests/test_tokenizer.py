@@ -200,3 +200,28 @@ def test_incremental_decoder_work_grows_linearly_with_tokens(tokenizer):
     assert text == tokenizer.decode(ids)
     assert len(ids) > 1000
     assert counting.num_decoded_ids <= 12 * len(ids)
+
+
+class WindowOnlyTokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids, skip_special_tokens=False):
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("skip_special_tokens", (False, True))
+def test_native_decode_stream_gives_the_window_decoder_pieces(tokenizer, skip_special_tokens):
+    rng = random.Random(11)
+    byte_ids = single_byte_token_ids(tokenizer)
+    special = list(range(TEST_FIRST_SPECIAL_ID, TEST_VOCAB_SIZE))
+    for _ in range(400):
+        ids = tokenizer.encode(random_text(rng, rng.randint(1, 40)))
+        for _ in range(rng.randint(0, 4)):
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(byte_ids + special))
+        native = IncrementalDecoder(tokenizer, skip_special_tokens=skip_special_tokens)
+        window = IncrementalDecoder(WindowOnlyTokenizer(tokenizer), skip_special_tokens=skip_special_tokens)
+        assert native.stream is not None and window.stream is None
+        native_pieces = [native.push(token) for token in ids] + [native.flush()]
+        window_pieces = [window.push(token) for token in ids] + [window.flush()]
+        assert native_pieces == window_pieces

@@ -157,6 +157,16 @@ def split_marked(rendered, nonce):
         position = end + len(closing)
 
 
+def native_decode_stream(backend, skip_special_tokens):
+    if backend is None:
+        return None
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        return None
+    return DecodeStream(skip_special_tokens=skip_special_tokens)
+
+
 class IncrementalDecoder:
     def __init__(self, tokenizer, skip_special_tokens=False):
         self.tokenizer = tokenizer
@@ -164,18 +174,37 @@ class IncrementalDecoder:
         self.token_ids = []
         self.prefix_offset = 0
         self.read_offset = 0
+        self.backend = getattr(tokenizer, "backend", None)
+        self.stream = native_decode_stream(self.backend, skip_special_tokens)
 
     def decode_window(self, start, end):
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=self.skip_special_tokens)
 
+    def advance(self):
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+
     def push(self, token_id):
-        self.token_ids.append(int(token_id))
+        token = int(token_id)
+        self.token_ids.append(token)
+        if self.stream is not None:
+            try:
+                text = self.stream.step(self.backend, token)
+            except Exception:
+                self.stream = None
+                return self.push_window()
+            if text is None:
+                return ""
+            self.advance()
+            return text
+        return self.push_window()
+
+    def push_window(self):
         prefix_text = self.decode_window(self.prefix_offset, self.read_offset)
         window_text = self.decode_window(self.prefix_offset, len(self.token_ids))
         if len(window_text) <= len(prefix_text) or window_text.endswith(REPLACEMENT_CHARACTER):
             return ""
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.token_ids)
+        self.advance()
         return window_text[len(prefix_text):]
 
     def push_many(self, token_ids):
@@ -185,4 +214,5 @@ class IncrementalDecoder:
         prefix_text = self.decode_window(self.prefix_offset, self.read_offset)
         window_text = self.decode_window(self.prefix_offset, len(self.token_ids))
         self.prefix_offset = self.read_offset = len(self.token_ids)
+        self.stream = native_decode_stream(self.backend, self.skip_special_tokens) if self.stream is not None else None
         return window_text[len(prefix_text):]

@@ -21,9 +21,17 @@ class SendDeadlineExceeded(Exception):
     pass
 
 
+def protocol_of(websocket):
+    return getattr(websocket._receive, "__self__", None)
+
+
 def transport_of(websocket):
-    protocol = getattr(websocket._receive, "__self__", None)
-    return getattr(protocol, "transport", None)
+    return getattr(protocol_of(websocket), "transport", None)
+
+
+def writable_event_of(websocket):
+    writable = getattr(protocol_of(websocket), "writable", None)
+    return writable if isinstance(writable, asyncio.Event) else None
 
 
 def encode(event):
@@ -38,6 +46,7 @@ class ResponsesSocket:
         self.max_frame_bytes = max_frame_bytes
         self.responses = {}
         self.owner = f"ws:{next(SESSION_NUMBERS)}"
+        self.writable = writable_event_of(websocket)
         self.aborted = False
         self.closed = False
 
@@ -89,9 +98,13 @@ class ResponsesSocket:
     async def send(self, event):
         if self.aborted or self.closed:
             raise SendDeadlineExceeded()
+        text = encode(event)
+        if self.writable is not None and self.writable.is_set():
+            await self.websocket.send_text(text)
+            return
         try:
             async with asyncio.timeout(self.send_timeout):
-                await self.websocket.send_text(encode(event))
+                await self.websocket.send_text(text)
         except TimeoutError:
             asyncio.ensure_future(self.abort())
             raise SendDeadlineExceeded() from None

@@ -212,7 +212,6 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
     memset(&merge, 0, sizeof(merge));
     merge.merges = view.merges;
     merge.num_merges = a->counts.num_merges;
-    merge.num_q_heads = a->num_heads;
     merge.group = s->group;
     merge.num_kv_heads = s->num_kv_heads;
     merge.head_dim = hd;

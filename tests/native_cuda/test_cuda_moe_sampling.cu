@@ -1,6 +1,8 @@
 #include "cuda_test_support.cuh"
 #include "moe.cuh"
+#include "router.cuh"
 #include "sampling.cuh"
+#include "test_matrices.cuh"
 
 extern "C" {
 #include "moe.h"
@@ -246,6 +248,55 @@ static void glmrt_check_sampler(glmrt_test_report *report, glmrt_test_rng *rng, 
     cudaFree(d_tokens);
 }
 
+static void glmrt_check_router_logits(glmrt_test_report *report, glmrt_test_rng *rng, int32_t format,
+                                      int32_t experts, int32_t cols, int32_t tokens)
+{
+    glmrt_host_matrix h = glmrt_make_matrix(rng, format, GLMRT_CUDA_SCALE_NONE, {experts}, cols, 1, 0);
+    uint8_t *d_data = nullptr;
+    float *d_scale = nullptr;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    std::vector<float> x((size_t)tokens * cols);
+    for (float &v : x) v = glmrt_test_normal(rng);
+    float *d_x = glmrt_test_upload(x);
+    float *d_batch = glmrt_test_alloc<float>((size_t)tokens * experts);
+    float *d_alone = glmrt_test_alloc<float>((size_t)experts);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_router_logits(&h.m, d_x, cols, tokens, d_batch, experts, 0, &error);
+    std::vector<float> batch = glmrt_test_download(d_batch, (size_t)tokens * experts);
+    double worst = 0.0;
+    for (int32_t t = 0; t < tokens; ++t) {
+        for (int32_t e = 0; e < experts; ++e) {
+            double exact = 0.0;
+            double magnitude = 1e-30;
+            for (int32_t c = 0; c < cols; ++c) {
+                double term = glmrt_host_weight(h, 0, e, c) * (double)x[(size_t)t * cols + c];
+                exact += term;
+                magnitude += fabs(term);
+            }
+            worst = fmax(worst, fabs(batch[(size_t)t * experts + e] - exact) / magnitude);
+        }
+    }
+    long differing = 0;
+    for (int32_t t : {0, tokens / 2, tokens - 1}) {
+        if (status == GLMRT_OK) {
+            status = glmrt_cuda_router_logits(&h.m, d_x + (size_t)t * cols, cols, 1, d_alone, experts, 0, &error);
+        }
+        std::vector<float> alone = glmrt_test_download(d_alone, (size_t)experts);
+        differing += memcmp(alone.data(), &batch[(size_t)t * experts], (size_t)experts * sizeof(float)) != 0;
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "router logits, format %d, %d experts x %d columns, %d tokens, against float64", format,
+             experts, cols, tokens);
+    glmrt_test_expect(report, status == GLMRT_OK && worst < 1e-5, what, worst, 1e-5);
+    snprintf(what, sizeof(what), "router logits, format %d: a token alone equals it in a batch of %d", format, tokens);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    cudaFree(d_data);
+    cudaFree(d_x);
+    cudaFree(d_batch);
+    cudaFree(d_alone);
+}
+
 int main(void)
 {
     glmrt_test_report report = {0, 0};
@@ -259,6 +310,8 @@ int main(void)
     for (const glmrt_route_case &rc : cases) {
         glmrt_check_route(&report, &rng, &rc);
     }
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 77);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 20, 1056, 13);
     glmrt_check_sampler(&report, &rng, 2048, 96);
     glmrt_check_sampler(&report, &rng, 151552, 40);
     return glmrt_test_finish("test_cuda_moe_sampling", &report);

@@ -19,7 +19,8 @@ __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int3
 template <int OP, int KIND>
 __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     glmrt_activation_quantize_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
-                                     const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
+                                     const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols,
+                                     int32_t slice_cols)
 {
     __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
     const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
@@ -31,6 +32,8 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     const float *row = x + source * x_stride;
     const int32_t first = (int32_t)threadIdx.x * 4;
     const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
+    const int32_t lo = (int32_t)blockIdx.y * slice_cols;
+    const int32_t hi = min(cols, lo + slice_cols);
     float4 cached[GLMRT_ACTIVATION_CACHED];
 #pragma unroll
     for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
@@ -42,12 +45,14 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
 #pragma unroll
         for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
             const int32_t c = first + k * stride;
-            if (c < cols) {
+            if (c >= lo && c < hi) {
                 target[c / 4] = glmrt_bf16x4_bits(cached[k]);
             }
         }
-        for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
-            target[c / 4] = glmrt_bf16x4_bits(glmrt_activation_values<OP>(row, cols, c));
+        for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < hi; c += stride) {
+            if (c >= lo) {
+                target[c / 4] = glmrt_bf16x4_bits(glmrt_activation_values<OP>(row, cols, c));
+            }
         }
         return;
     }
@@ -65,16 +70,31 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
 #pragma unroll
     for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
         const int32_t c = first + k * stride;
-        if (c < cols) {
+        if (c >= lo && c < hi) {
             target[c / 4] = glmrt_fp8x4_bits(cached[k], scale);
         }
     }
-    for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
-        target[c / 4] = glmrt_fp8x4_bits(glmrt_activation_values<OP>(row, cols, c), scale);
+    for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < hi; c += stride) {
+        if (c >= lo) {
+            target[c / 4] = glmrt_fp8x4_bits(glmrt_activation_values<OP>(row, cols, c), scale);
+        }
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && blockIdx.y == 0) {
         out_scales[r] = scale;
     }
+}
+
+static glmrt_status glmrt_activation_slice_cols(int32_t rows, int32_t cols, int32_t *out, glmrt_error *error)
+{
+    int device = 0;
+    int sms = 0;
+    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
+    GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int32_t slices = glmrt_ceil_div(2 * sms, rows);
+    int32_t most = glmrt_ceil_div(cols, GLMRT_ACTIVATION_THREADS * 4);
+    slices = slices < 1 ? 1 : (slices > most ? most : slices);
+    *out = glmrt_ceil_div(glmrt_ceil_div(cols, slices), 4) * 4;
+    return GLMRT_OK;
 }
 
 template <int OP>
@@ -82,12 +102,15 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
                                             glmrt_error *error)
 {
     const glmrt_cuda_qgemm_operand *o = a->out;
+    int32_t slice_cols = 0;
+    GLMRT_TRY(glmrt_activation_slice_cols(a->num_rows, o->cols, &slice_cols, error));
+    dim3 grid((unsigned)a->num_rows, (unsigned)glmrt_ceil_div(o->cols, slice_cols));
     if (o->kind == GLMRT_OPERAND_FP8) {
-        glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8><<<a->num_rows, GLMRT_ACTIVATION_THREADS, 0, stream>>>(
-            a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales, o->cols);
+        glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8><<<grid, GLMRT_ACTIVATION_THREADS, 0, stream>>>(
+            a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales, o->cols, slice_cols);
     } else {
-        glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16><<<a->num_rows, GLMRT_ACTIVATION_THREADS, 0, stream>>>(
-            a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales, o->cols);
+        glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16><<<grid, GLMRT_ACTIVATION_THREADS, 0, stream>>>(
+            a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales, o->cols, slice_cols);
     }
     GLMRT_CUDA_LAUNCHED(error, "glmrt_activation_quantize_kernel");
     return GLMRT_OK;

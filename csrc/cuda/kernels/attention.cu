@@ -4,15 +4,22 @@
 #include "attention_kernels.cuh"
 #include "attention_tile.cuh"
 #include "cuda_check.cuh"
+#include "device_math.cuh"
+
+#define GLMRT_MERGE_THREADS 256
 
 __device__ __forceinline__ void glmrt_attention_merge_one(const glmrt_cuda_attention_merge_args &args,
                                                           const glmrt_cuda_attention_merge merge)
 {
-    const int32_t head = blockIdx.y;
-    const int32_t kv_head = head / args.group;
-    const int32_t g = head % args.group;
+    const int32_t parts = glmrt_ceil_div(args.group, args.heads_per_block);
+    const int32_t kv_head = (int32_t)blockIdx.y / parts;
+    const int32_t first = ((int32_t)blockIdx.y - kv_head * parts) * args.heads_per_block;
     const int32_t head_dim = args.head_dim;
-    for (int32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    const int32_t values = (min(args.group, first + args.heads_per_block) - first) * head_dim;
+    for (int32_t i = threadIdx.x; i < values; i += blockDim.x) {
+        const int32_t g = first + i / head_dim;
+        const int32_t d = i - (g - first) * head_dim;
+        const int32_t head = kv_head * args.group + g;
         int64_t index = ((int64_t)merge.partial_begin * args.num_kv_heads + kv_head) * args.group + g;
         float merged_max = args.partial_stats[index * 2];
         float total = args.partial_stats[index * 2 + 1];
@@ -89,10 +96,21 @@ glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge_arg
     if (args->num_merges <= 0) {
         return GLMRT_OK;
     }
-    dim3 grid((unsigned)glmrt_attention_grid_limit(args->num_merges, args->max_grid_merges),
-              (unsigned)args->num_q_heads);
-    int threads = args->head_dim < 128 ? args->head_dim : 128;
-    glmrt_attention_merge_kernel<<<grid, threads, 0, stream>>>(*args);
+    int device = 0;
+    int sms = 0;
+    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
+    GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int32_t grid_merges = glmrt_attention_grid_limit(args->num_merges, args->max_grid_merges);
+    const int64_t whole_groups = (int64_t)grid_merges * args->num_kv_heads;
+    int32_t parts = (int32_t)((2 * (int64_t)sms + whole_groups - 1) / whole_groups);
+    parts = parts < 1 ? 1 : (parts > args->group ? args->group : parts);
+    glmrt_cuda_attention_merge_args launch = *args;
+    launch.heads_per_block = glmrt_ceil_div(args->group, parts);
+    parts = glmrt_ceil_div(args->group, launch.heads_per_block);
+    dim3 grid((unsigned)grid_merges, (unsigned)(args->num_kv_heads * parts));
+    int32_t values = launch.heads_per_block * args->head_dim;
+    int threads = values < GLMRT_MERGE_THREADS ? glmrt_ceil_div(values, 32) * 32 : GLMRT_MERGE_THREADS;
+    glmrt_attention_merge_kernel<<<grid, threads, 0, stream>>>(launch);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_merge_kernel");
     return GLMRT_OK;
 }

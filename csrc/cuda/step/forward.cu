@@ -8,6 +8,7 @@
 #include "ops.cuh"
 #include "rank_reduce.cuh"
 #include "rank_state.cuh"
+#include "router.cuh"
 
 typedef struct glmrt_step_context {
     glmrt_cuda_state *state;
@@ -148,7 +149,6 @@ static glmrt_status glmrt_step_merge(const glmrt_step_context *step)
     merge.num_merges = step->counts->num_merges;
     merge.device_num_merges = step->counts->bucket > 0 ? &step->view.device_counts->num_merges : nullptr;
     merge.max_grid_merges = 0;
-    merge.num_q_heads = d->num_q_heads;
     merge.group = d->group;
     merge.num_kv_heads = d->num_kv_heads;
     merge.head_dim = d->head_dim;
@@ -337,8 +337,13 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     const glmrt_cuda_dims *d = &st->dims;
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
-    GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->router, ws->normed, d->hidden, ws->router_logits, d->num_experts, t,
-                                    nullptr, 0, step->stream, step->error));
+    if (glmrt_cuda_router_supports(&layer->router)) {
+        GLMRT_TRY(glmrt_cuda_router_logits(&layer->router, ws->normed, d->hidden, t, ws->router_logits, d->num_experts,
+                                           step->stream, step->error));
+    } else {
+        GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->router, ws->normed, d->hidden, ws->router_logits, d->num_experts, t,
+                                        nullptr, 0, step->stream, step->error));
+    }
     glmrt_cuda_route_args route;
     route.logits = ws->router_logits;
     route.correction_bias = layer->router_bias;
