@@ -19,6 +19,102 @@ typedef struct glmrt_route_case {
     float tie_step;
 } glmrt_route_case;
 
+typedef struct glmrt_dispatch_buffers {
+    int32_t *counts;
+    int32_t *sorted;
+    int32_t *rows;
+    glmrt_cuda_gemm_tile *tiles;
+    int32_t *counters;
+    int32_t max_tiles;
+} glmrt_dispatch_buffers;
+
+static glmrt_dispatch_buffers glmrt_dispatch_alloc(int32_t experts, int32_t assignments, int32_t tile_rows)
+{
+    glmrt_dispatch_buffers b;
+    b.max_tiles = glmrt_cuda_moe_max_tiles(assignments, experts, tile_rows);
+    b.counts = glmrt_test_alloc<int32_t>(experts);
+    b.sorted = glmrt_test_alloc<int32_t>(assignments);
+    b.rows = glmrt_test_alloc<int32_t>(assignments);
+    b.tiles = glmrt_test_alloc<glmrt_cuda_gemm_tile>(b.max_tiles);
+    b.counters = glmrt_test_alloc<int32_t>(2);
+    return b;
+}
+
+static void glmrt_dispatch_free(glmrt_dispatch_buffers *b)
+{
+    cudaFree(b->counts);
+    cudaFree(b->sorted);
+    cudaFree(b->rows);
+    cudaFree(b->tiles);
+    cudaFree(b->counters);
+}
+
+static glmrt_cuda_dispatch_args glmrt_dispatch_args_for(const glmrt_dispatch_buffers *b, const int32_t *ids,
+                                                        int32_t tokens, int32_t top_k, int32_t experts,
+                                                        int32_t tile_rows)
+{
+    glmrt_cuda_dispatch_args args = {ids, tokens, top_k, 0, experts, tile_rows, b->counts, b->sorted, b->rows,
+                                     b->tiles, b->counters, b->counters + 1};
+    return args;
+}
+
+static long glmrt_dispatch_errors(const glmrt_dispatch_buffers *b, const std::vector<int32_t> &ids, int32_t tokens,
+                                  int32_t top_k, int32_t tile_rows)
+{
+    const int32_t assignments = tokens * top_k;
+    std::vector<int32_t> sorted = glmrt_test_download(b->sorted, (size_t)assignments);
+    std::vector<int32_t> rows = glmrt_test_download(b->rows, (size_t)assignments);
+    std::vector<glmrt_cuda_gemm_tile> tiles = glmrt_test_download(b->tiles, b->max_tiles);
+    std::vector<int32_t> counters = glmrt_test_download(b->counters, 2);
+    long bad = 0;
+    std::vector<int32_t> row_expert((size_t)assignments, -1);
+    int32_t covered = 0;
+    for (int32_t i = 0; i < counters[0] && i < b->max_tiles; ++i) {
+        for (int32_t r = 0; r < tiles[i].num_rows; ++r) {
+            row_expert[tiles[i].row_begin + r] = tiles[i].group;
+            covered += 1;
+        }
+        bad += tiles[i].num_rows < 1 || tiles[i].num_rows > tile_rows;
+    }
+    bad += counters[1] != assignments || covered != assignments;
+    for (int32_t a = 0; a < assignments; ++a) {
+        int32_t row = rows[a];
+        bad += row < 0 || row >= assignments || sorted[row] != a / top_k || row_expert[row] != ids[a];
+    }
+    return bad;
+}
+
+static void glmrt_check_route_dispatch_fused(glmrt_test_report *report, const glmrt_route_case *rc,
+                                             glmrt_cuda_route_args route, const std::vector<int32_t> &ids,
+                                             const std::vector<float> &weights)
+{
+    const int32_t k = rc->top_k;
+    const int32_t tokens = rc->tokens < 20 ? rc->tokens : 20;
+    const int32_t tile_rows = 4;
+    int32_t *d_ids = glmrt_test_alloc<int32_t>((size_t)tokens * k);
+    float *d_weights = glmrt_test_alloc<float>((size_t)tokens * k);
+    route.num_tokens = tokens;
+    route.topk_ids = d_ids;
+    route.topk_weights = d_weights;
+    glmrt_dispatch_buffers b = glmrt_dispatch_alloc(rc->experts, tokens * k, tile_rows);
+    glmrt_cuda_dispatch_args dispatch = glmrt_dispatch_args_for(&b, d_ids, tokens, k, rc->experts, tile_rows);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_moe_route_dispatch(&route, &dispatch, 0, &error);
+    std::vector<int32_t> fused_ids = glmrt_test_download(d_ids, (size_t)tokens * k);
+    std::vector<float> fused_weights = glmrt_test_download(d_weights, (size_t)tokens * k);
+    long bad = status == GLMRT_OK ? glmrt_dispatch_errors(&b, fused_ids, tokens, k, tile_rows) : 1;
+    bad += memcmp(fused_ids.data(), ids.data(), fused_ids.size() * sizeof(int32_t)) != 0;
+    bad += memcmp(fused_weights.data(), weights.data(), fused_weights.size() * sizeof(float)) != 0;
+    char what[160];
+    snprintf(what, sizeof(what), "routing and dispatch of %d tokens in one block (%s) equal the two kernels", tokens,
+             rc->name);
+    glmrt_test_expect(report, bad == 0, what, (double)bad, 0);
+    glmrt_dispatch_free(&b);
+    cudaFree(d_ids);
+    cudaFree(d_weights);
+}
+
 static void glmrt_check_route(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_route_case *rc)
 {
     const int32_t e = rc->experts;
@@ -82,45 +178,18 @@ static void glmrt_check_route(glmrt_test_report *report, glmrt_test_rng *rng, co
     snprintf(what, sizeof(what), "router %s weights match the CPU", rc->name);
     glmrt_test_expect(report, status == GLMRT_OK && worst < 1e-6, what, worst, 1e-6);
     int32_t tile_rows = 4;
-    int32_t max_tiles = glmrt_cuda_moe_max_tiles(rc->tokens * k, e, tile_rows);
-    int32_t *d_counts = glmrt_test_alloc<int32_t>(e);
-    int32_t *d_sorted = glmrt_test_alloc<int32_t>((size_t)rc->tokens * k);
-    int32_t *d_rows = glmrt_test_alloc<int32_t>((size_t)rc->tokens * k);
-    glmrt_cuda_gemm_tile *d_tiles = glmrt_test_alloc<glmrt_cuda_gemm_tile>(max_tiles);
-    int32_t *d_counters = glmrt_test_alloc<int32_t>(2);
-    glmrt_cuda_dispatch_args dispatch = {d_ids, rc->tokens, k, 0, e, tile_rows, d_counts, d_sorted, d_rows,
-                                         d_tiles, d_counters, d_counters + 1};
+    glmrt_dispatch_buffers buffers = glmrt_dispatch_alloc(e, rc->tokens * k, tile_rows);
+    glmrt_cuda_dispatch_args dispatch = glmrt_dispatch_args_for(&buffers, d_ids, rc->tokens, k, e, tile_rows);
     if (status == GLMRT_OK) status = glmrt_cuda_moe_dispatch(&dispatch, 0, &error);
-    std::vector<int32_t> sorted = glmrt_test_download(d_sorted, (size_t)rc->tokens * k);
-    std::vector<int32_t> rows = glmrt_test_download(d_rows, (size_t)rc->tokens * k);
-    std::vector<glmrt_cuda_gemm_tile> tiles = glmrt_test_download(d_tiles, max_tiles);
-    std::vector<int32_t> counters = glmrt_test_download(d_counters, 2);
-    long bad = status == GLMRT_OK ? 0 : 1;
-    std::vector<int32_t> row_expert((size_t)rc->tokens * k, -1);
-    int32_t covered = 0;
-    for (int32_t i = 0; i < counters[0] && i < max_tiles; ++i) {
-        for (int32_t r = 0; r < tiles[i].num_rows; ++r) {
-            row_expert[tiles[i].row_begin + r] = tiles[i].group;
-            covered += 1;
-        }
-        bad += tiles[i].num_rows < 1 || tiles[i].num_rows > tile_rows;
-    }
-    bad += counters[1] != rc->tokens * k || covered != rc->tokens * k;
-    for (int32_t a = 0; a < rc->tokens * k; ++a) {
-        int32_t row = rows[a];
-        bad += row < 0 || row >= rc->tokens * k || sorted[row] != a / k || row_expert[row] != ids[a];
-    }
+    long bad = status == GLMRT_OK ? glmrt_dispatch_errors(&buffers, ids, rc->tokens, k, tile_rows) : 1;
     snprintf(what, sizeof(what), "dispatch %s sorts every assignment into its expert's tiles", rc->name);
     glmrt_test_expect(report, bad == 0, what, (double)bad, 0);
+    glmrt_check_route_dispatch_fused(report, rc, args, ids, weights);
+    glmrt_dispatch_free(&buffers);
     cudaFree(d_logits);
     cudaFree(d_bias);
     cudaFree(d_ids);
     cudaFree(d_weights);
-    cudaFree(d_counts);
-    cudaFree(d_sorted);
-    cudaFree(d_rows);
-    cudaFree(d_tiles);
-    cudaFree(d_counters);
 }
 
 

@@ -7,6 +7,7 @@
 #define GLMRT_ROUTE_PER_LANE (GLMRT_MOE_MAX_EXPERTS / 32)
 #define GLMRT_ROUTE_WARPS 4
 #define GLMRT_DISPATCH_THREADS 1024
+#define GLMRT_ROUTE_DISPATCH_TOKENS (GLMRT_DISPATCH_THREADS / 32)
 #define GLMRT_COMBINE_THREADS 256
 
 __device__ __forceinline__ bool glmrt_route_better(float a, int32_t ia, float b, int32_t ib)
@@ -45,13 +46,8 @@ __device__ __forceinline__ void glmrt_lane_best(const float *choice, const bool 
     }
 }
 
-__global__ void glmrt_route_kernel(glmrt_cuda_route_args args)
+__device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int32_t token, int lane)
 {
-    int lane = threadIdx.x & 31;
-    int32_t token = blockIdx.x * GLMRT_ROUTE_WARPS + (threadIdx.x >> 5);
-    if (token >= args.num_tokens) {
-        return;
-    }
     const float *logits = args.logits + (int64_t)token * args.num_experts;
     float score[GLMRT_ROUTE_PER_LANE];
     float choice[GLMRT_ROUTE_PER_LANE];
@@ -142,6 +138,14 @@ __global__ void glmrt_route_kernel(glmrt_cuda_route_args args)
     }
 }
 
+__global__ void glmrt_route_kernel(glmrt_cuda_route_args args)
+{
+    int32_t token = blockIdx.x * GLMRT_ROUTE_WARPS + (threadIdx.x >> 5);
+    if (token < args.num_tokens) {
+        glmrt_route_token(args, token, threadIdx.x & 31);
+    }
+}
+
 glmrt_status glmrt_cuda_moe_check(int32_t num_experts, int32_t top_k, int32_t num_groups, glmrt_error *error)
 {
     if (num_experts < 1 || num_experts > GLMRT_MOE_MAX_EXPERTS) {
@@ -176,7 +180,7 @@ int32_t glmrt_cuda_moe_max_tiles(int32_t num_assignments, int32_t num_local_expe
     return glmrt_ceil_div(num_assignments, tile_rows) + busy;
 }
 
-__global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS) glmrt_dispatch_kernel(glmrt_cuda_dispatch_args args)
+__device__ void glmrt_dispatch_block(const glmrt_cuda_dispatch_args &args)
 {
     __shared__ int32_t offsets[GLMRT_MOE_MAX_EXPERTS + 1];
     __shared__ int32_t tile_offsets[GLMRT_MOE_MAX_EXPERTS + 1];
@@ -235,15 +239,53 @@ __global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS) glmrt_dispatch_kernel(
     }
 }
 
+__global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS) glmrt_dispatch_kernel(glmrt_cuda_dispatch_args args)
+{
+    glmrt_dispatch_block(args);
+}
+
+__global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS)
+    glmrt_route_dispatch_kernel(glmrt_cuda_route_args route, glmrt_cuda_dispatch_args dispatch)
+{
+    const int32_t warps = (int32_t)(blockDim.x >> 5);
+    for (int32_t token = (int32_t)(threadIdx.x >> 5); token < route.num_tokens; token += warps) {
+        glmrt_route_token(route, token, threadIdx.x & 31);
+    }
+    __syncthreads();
+    glmrt_dispatch_block(dispatch);
+}
+
+static glmrt_status glmrt_dispatch_check(const glmrt_cuda_dispatch_args *args, glmrt_error *error)
+{
+    if (args->num_local_experts > GLMRT_MOE_MAX_EXPERTS) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "%d local experts exceed %d", args->num_local_experts,
+                               GLMRT_MOE_MAX_EXPERTS);
+    }
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_moe_route_dispatch(const glmrt_cuda_route_args *route, const glmrt_cuda_dispatch_args *dispatch,
+                                           cudaStream_t stream, glmrt_error *error)
+{
+    if (route->num_tokens <= 0) {
+        return GLMRT_OK;
+    }
+    if (route->num_tokens > GLMRT_ROUTE_DISPATCH_TOKENS) {
+        GLMRT_TRY(glmrt_cuda_moe_route(route, stream, error));
+        return glmrt_cuda_moe_dispatch(dispatch, stream, error);
+    }
+    GLMRT_TRY(glmrt_dispatch_check(dispatch, error));
+    glmrt_route_dispatch_kernel<<<1, GLMRT_DISPATCH_THREADS, 0, stream>>>(*route, *dispatch);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_route_dispatch_kernel");
+    return GLMRT_OK;
+}
+
 glmrt_status glmrt_cuda_moe_dispatch(const glmrt_cuda_dispatch_args *args, cudaStream_t stream, glmrt_error *error)
 {
     if (args->num_tokens <= 0) {
         return GLMRT_OK;
     }
-    if (args->num_local_experts > GLMRT_MOE_MAX_EXPERTS) {
-        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "%d local experts exceed %d", args->num_local_experts,
-                               GLMRT_MOE_MAX_EXPERTS);
-    }
+    GLMRT_TRY(glmrt_dispatch_check(args, error));
     glmrt_dispatch_kernel<<<1, GLMRT_DISPATCH_THREADS, 0, stream>>>(*args);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_dispatch_kernel");
     return GLMRT_OK;

@@ -281,7 +281,8 @@ static glmrt_status glmrt_layer_experts_native(glmrt_step_context *step, const g
     return glmrt_cuda_qgemm_run(&call, &m->split, step->stream, step->error);
 }
 
-static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cuda_layer *layer)
+static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cuda_layer *layer,
+                                        const glmrt_cuda_route_args *route)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
@@ -303,7 +304,7 @@ static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cu
     dispatch.tiles = ws->tiles;
     dispatch.num_tiles = ws->moe_counters;
     dispatch.num_sorted = ws->moe_counters + 1;
-    GLMRT_TRY(glmrt_cuda_moe_dispatch(&dispatch, step->stream, step->error));
+    GLMRT_TRY(glmrt_cuda_moe_route_dispatch(route, &dispatch, step->stream, step->error));
     int32_t grid_tiles = glmrt_cuda_moe_max_tiles(assignments, d->num_local_experts, tile_rows);
     if (native) {
         return glmrt_layer_experts_native(step, layer, tile_rows, grid_tiles);
@@ -356,8 +357,7 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     route.scaling = st->engine->config.routed_scaling_factor;
     route.topk_ids = ws->topk_ids;
     route.topk_weights = ws->topk_weights;
-    GLMRT_TRY(glmrt_cuda_moe_route(&route, step->stream, step->error));
-    GLMRT_TRY(glmrt_layer_experts(step, layer));
+    GLMRT_TRY(glmrt_layer_experts(step, layer, &route));
     if (layer->has_shared) {
         GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->shared_gate_up, &layer->shared_down,
                                         &glmrt_cuda_matmuls::shared_act, ws->shared_out, 0));
