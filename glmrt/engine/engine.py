@@ -265,8 +265,7 @@ class Engine:
         if len(requests) > self.max_batch:
             raise GlmrtError(native.STATUS_INVALID_ARGUMENT,
                              f"batch of {len(requests)} exceeds max_batch {self.max_batch}")
-        for index, request in enumerate(requests):
-            self._requests_in[index] = self._live_handle(request)
+        self._requests_in[:len(requests)] = [self._live_handle(request) for request in requests]
         return len(requests)
 
     def plan_step(self, requests):
@@ -282,7 +281,7 @@ class Engine:
         count = self._fill_requests(requests)
         self._check(self._lib.glmrt_run_batch_decode(self._handle, self._requests_in, count, self._tokens_out,
                                                      self._finish_reasons_out))
-        return list(self._tokens_out[:count]), list(self._finish_reasons_out[:count])
+        return self._tokens_out[:count], self._finish_reasons_out[:count]
 
     def step_with_logits(self, requests):
         self._require_open()

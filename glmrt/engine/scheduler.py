@@ -1,6 +1,7 @@
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from glmrt.engine import native
 from glmrt.engine.errors import GlmrtError
@@ -13,8 +14,7 @@ class SchedulerPolicy:
     watermark_pages: int = 0
 
 
-@dataclass(frozen=True)
-class StepOutput:
+class StepOutput(NamedTuple):
     request: object
     token: int | None
     finish_reason: str | None
@@ -88,14 +88,12 @@ class Scheduler:
         counts = self.running_by_owner()
         return max(self.running, key=lambda request: (counts[request.owner], by_arrival(request)))
 
-    def next_candidate(self):
-        counts = self.running_by_owner()
+    def next_candidate(self, counts):
         return min(self.waiting, key=lambda request: (counts[request.owner],
                                                       request.status is not RequestStatus.PREEMPTED,
                                                       by_arrival(request)))
 
-    def make_room_for(self, candidate, result):
-        counts = self.running_by_owner()
+    def make_room_for(self, candidate, result, counts):
         if counts[candidate.owner] > 0 or not counts or max(counts.values()) < 2:
             return False
         victim = self.preempt_newest()
@@ -117,10 +115,11 @@ class Scheduler:
 
     def admit(self, result):
         while self.waiting:
-            request = self.next_candidate()
+            counts = self.running_by_owner()
+            request = self.next_candidate(counts)
             if request in result.preempted:
                 return
-            if len(self.running) >= self.policy.max_running and not self.make_room_for(request, result):
+            if len(self.running) >= self.policy.max_running and not self.make_room_for(request, result, counts):
                 return
             candidate = sorted(self.running + [request], key=by_arrival)
             plan = self.engine.plan_step(candidate)
@@ -164,9 +163,11 @@ class Scheduler:
 
     def record(self, batch, tokens, finish_reasons):
         outputs = []
+        append = outputs.append
+        reason_name = native.finish_reason_name
         for request, token, code in zip(batch, tokens, finish_reasons):
-            reason = native.finish_reason_name(code)
+            reason = reason_name(code) if code else None
             if reason is not None:
                 self.finish(request.request_id, FINISH_REASON_TO_STATUS[reason])
-            outputs.append(StepOutput(request, int(token) if token >= 0 else None, reason))
+            append(StepOutput(request, token if token >= 0 else None, reason))
         return outputs
