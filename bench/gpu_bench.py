@@ -43,10 +43,10 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def write_model_dir(num_layers):
+def write_model_dir(num_layers, parent=None):
     config = json.loads(GLM47_CONFIG.read_text())
     config["num_hidden_layers"] = num_layers
-    directory = Path(tempfile.mkdtemp(prefix="glmrt-bench-"))
+    directory = Path(tempfile.mkdtemp(prefix="glmrt-bench-", dir=parent))
     (directory / "config.json").write_text(json.dumps(config))
     return directory, config
 

@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-GLM47_CONFIG = REPO_ROOT / "tests" / "data" / "glm-4.7-fp8.config.json"
 LISTENING = re.compile(r"listening on (?:ws|http)://[0-9.]+:([0-9]+)")
 TINY_MODEL = dict(hidden_size=256, num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=128)
@@ -48,16 +47,15 @@ def write_tiny_model(out_dir):
     return write_test_model(out_dir, seed=0, weight_format="bf16", **TINY_MODEL)
 
 
-def write_glm_shape(out_dir, moe_layers):
+def write_glm_shape(parent, moe_layers):
     sys.path.insert(0, str(REPO_ROOT))
+    from bench.gpu_bench import GLM47_CONFIG, write_model_dir
     from glmrt.testmodel.tokenizer import write_tokenizer_files
 
-    config = json.loads(GLM47_CONFIG.read_text())
-    config["num_hidden_layers"] = config["first_k_dense_replace"] + moe_layers
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config))
-    write_tokenizer_files(out_dir, config["vocab_size"], config["max_position_embeddings"])
-    return out_dir
+    dense = json.loads(GLM47_CONFIG.read_text())["first_k_dense_replace"]
+    model_dir, config = write_model_dir(dense + moe_layers, parent=parent)
+    write_tokenizer_files(model_dir, config["vocab_size"], config["max_position_embeddings"])
+    return model_dir
 
 
 def model_options(args):
@@ -143,7 +141,8 @@ def run_load(tree, port, api, args, out_dir):
     busy = metric(after, "glmrt:step_duration_seconds_sum") - metric(before, "glmrt:step_duration_seconds_sum")
     return {"steps_per_s": steps / elapsed, "server_tokens_per_s": tokens / elapsed,
             "client_tokens_per_s": sum(result.get("output_tokens_per_s", 0.0) for result in results),
-            "mean_batch": batch / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0, "errors": sum(errors.values()), "error_kinds": errors}
+            "mean_batch": batch / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
+            "errors": sum(errors.values()), "error_kinds": errors}
 
 
 def engine_ceiling(model_dir, args):
@@ -187,7 +186,7 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory() as work:
         if args.glm_moe_layers > 0:
-            model_dir = write_glm_shape(Path(work) / "glm", args.glm_moe_layers)
+            model_dir = write_glm_shape(work, args.glm_moe_layers)
         else:
             model_dir = write_tiny_model(Path(work) / "tiny")
         engine = engine_ceiling(model_dir, args)

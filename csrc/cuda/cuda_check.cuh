@@ -8,6 +8,7 @@ extern "C" {
 }
 
 glmrt_status glmrt_cuda_fail(glmrt_error *error, cudaError_t result, const char *call, const char *file, int line);
+glmrt_status glmrt_cuda_current_sms(int32_t *out, glmrt_error *error);
 
 #define GLMRT_CUDA_TRY(error, call)                                                        \
     do {                                                                                   \

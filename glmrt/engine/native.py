@@ -259,7 +259,6 @@ def status_name(status):
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=64)
 def finish_reason_name(finish_reason):
     name = load_library(BACKEND_CPU).glmrt_finish_reason_name(int(finish_reason)).decode("ascii")
     return name or None

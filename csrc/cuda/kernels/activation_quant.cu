@@ -40,56 +40,39 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
         const int32_t c = first + k * stride;
         cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if (KIND == GLMRT_OPERAND_BF16) {
-        uint2 *target = reinterpret_cast<uint2 *>(out + (int64_t)r * cols * 2);
+    float scale = 1.0f;
+    if (KIND == GLMRT_OPERAND_FP8) {
+        float amax = 0.0f;
 #pragma unroll
         for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
-            const int32_t c = first + k * stride;
-            if (c >= lo && c < hi) {
-                target[c / 4] = glmrt_bf16x4_bits(cached[k]);
-            }
+            amax = glmrt_abs_max4(cached[k], amax);
         }
-        for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < hi; c += stride) {
-            if (c >= lo) {
-                target[c / 4] = glmrt_bf16x4_bits(glmrt_activation_values<OP>(row, cols, c));
-            }
+        for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
+            amax = glmrt_abs_max4(glmrt_activation_values<OP>(row, cols, c), amax);
         }
-        return;
+        scale = glmrt_activation_scale(glmrt_activation_block_max(amax, warp_max));
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
-        amax = glmrt_abs_max4(cached[k], amax);
-    }
-    for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
-        amax = glmrt_abs_max4(glmrt_activation_values<OP>(row, cols, c), amax);
-    }
-    amax = glmrt_activation_block_max(amax, warp_max);
-    const float scale = glmrt_activation_scale(amax);
-    uint32_t *target = reinterpret_cast<uint32_t *>(out + (int64_t)r * cols);
 #pragma unroll
     for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
         const int32_t c = first + k * stride;
         if (c >= lo && c < hi) {
-            target[c / 4] = glmrt_fp8x4_bits(cached[k], scale);
+            glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
         }
     }
     for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < hi; c += stride) {
         if (c >= lo) {
-            target[c / 4] = glmrt_fp8x4_bits(glmrt_activation_values<OP>(row, cols, c), scale);
+            glmrt_operand_store4<KIND>(out, cols, r, c / 4, glmrt_activation_values<OP>(row, cols, c), scale);
         }
     }
-    if (threadIdx.x == 0 && blockIdx.y == 0) {
+    if (KIND == GLMRT_OPERAND_FP8 && threadIdx.x == 0 && blockIdx.y == 0) {
         out_scales[r] = scale;
     }
 }
 
 static glmrt_status glmrt_activation_slice_cols(int32_t rows, int32_t cols, int32_t *out, glmrt_error *error)
 {
-    int device = 0;
-    int sms = 0;
-    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
-    GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int32_t sms = 0;
+    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
     int32_t slices = glmrt_ceil_div(2 * sms, rows);
     int32_t most = glmrt_ceil_div(cols, GLMRT_ACTIVATION_THREADS * 4);
     slices = slices < 1 ? 1 : (slices > most ? most : slices);

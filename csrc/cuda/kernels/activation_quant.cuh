@@ -65,6 +65,17 @@ __device__ __forceinline__ uint2 glmrt_bf16x4_bits(float4 v)
     return out;
 }
 
+template <int KIND>
+__device__ __forceinline__ void glmrt_operand_store4(uint8_t *data, int32_t cols, int64_t row, int32_t quad, float4 v,
+                                                     float scale)
+{
+    if (KIND == GLMRT_OPERAND_FP8) {
+        reinterpret_cast<uint32_t *>(data + row * cols)[quad] = glmrt_fp8x4_bits(v, scale);
+    } else {
+        reinterpret_cast<uint2 *>(data + row * cols * 2)[quad] = glmrt_bf16x4_bits(v);
+    }
+}
+
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,
                                             glmrt_error *error);
 

@@ -96,10 +96,8 @@ glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge_arg
     if (args->num_merges <= 0) {
         return GLMRT_OK;
     }
-    int device = 0;
-    int sms = 0;
-    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
-    GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int32_t sms = 0;
+    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
     const int32_t grid_merges = glmrt_attention_grid_limit(args->num_merges, args->max_grid_merges);
     const int64_t whole_groups = (int64_t)grid_merges * args->num_kv_heads;
     int32_t parts = (int32_t)((2 * (int64_t)sms + whole_groups - 1) / whole_groups);

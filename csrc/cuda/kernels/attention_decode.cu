@@ -339,10 +339,8 @@ glmrt_status glmrt_attention_decode_prepare(int32_t head_dim, glmrt_error *error
 glmrt_status glmrt_attention_decode_launch(const glmrt_cuda_attention_args *args, cudaStream_t stream,
                                            glmrt_error *error)
 {
-    int device = 0;
-    int sms = 0;
-    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
-    GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int32_t sms = 0;
+    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
     int32_t grid_items = glmrt_attention_grid_items(args);
     int64_t blocks = (int64_t)grid_items * args->kv.num_kv_heads;
     size_t shared = 0;

@@ -40,17 +40,6 @@ __device__ __forceinline__ float4 glmrt_norm_scale4(float4 w, float4 v, float in
 }
 
 template <int KIND>
-__device__ __forceinline__ void glmrt_norm_store_operand(const glmrt_cuda_qgemm_operand &q, int32_t i, float4 v,
-                                                         float scale)
-{
-    if (KIND == GLMRT_OPERAND_FP8) {
-        reinterpret_cast<uint32_t *>(q.data + (int64_t)blockIdx.x * q.cols)[i] = glmrt_fp8x4_bits(v, scale);
-    } else {
-        reinterpret_cast<uint2 *>(q.data + (int64_t)blockIdx.x * q.cols * 2)[i] = glmrt_bf16x4_bits(v);
-    }
-}
-
-template <int KIND>
 __global__ void __launch_bounds__(GLMRT_NORM_THREADS)
     glmrt_rmsnorm_kernel(glmrt_cuda_rmsnorm_args args, glmrt_cuda_qgemm_operand quantized)
 {
@@ -105,11 +94,11 @@ __global__ void __launch_bounds__(GLMRT_NORM_THREADS)
     for (int k = 0; k < GLMRT_NORM_CACHED; ++k) {
         int32_t i = (int32_t)threadIdx.x + k * GLMRT_NORM_THREADS;
         if (i < count) {
-            glmrt_norm_store_operand<KIND>(quantized, i, cached[k], scale);
+            glmrt_operand_store4<KIND>(quantized.data, quantized.cols, blockIdx.x, i, cached[k], scale);
         }
     }
     for (int32_t i = (int32_t)threadIdx.x + GLMRT_NORM_CACHED * GLMRT_NORM_THREADS; i < count; i += GLMRT_NORM_THREADS) {
-        glmrt_norm_store_operand<KIND>(quantized, i, out[i], scale);
+        glmrt_operand_store4<KIND>(quantized.data, quantized.cols, blockIdx.x, i, out[i], scale);
     }
 }
 
@@ -149,22 +138,4 @@ glmrt_status glmrt_cuda_rmsnorm_run(const glmrt_cuda_rmsnorm_args *args, cudaStr
     }
     GLMRT_CUDA_LAUNCHED(error, "glmrt_rmsnorm_kernel");
     return GLMRT_OK;
-}
-
-glmrt_status glmrt_cuda_rmsnorm(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
-                                const float *weight, int32_t n, float eps, float *y, int64_t y_stride,
-                                cudaStream_t stream, glmrt_error *error)
-{
-    glmrt_cuda_rmsnorm_args args;
-    args.x = x;
-    args.x_stride = x_stride;
-    args.x_rows = x_rows;
-    args.num_rows = num_rows;
-    args.weight = weight;
-    args.n = n;
-    args.eps = eps;
-    args.y = y;
-    args.y_stride = y_stride;
-    args.quantized = nullptr;
-    return glmrt_cuda_rmsnorm_run(&args, stream, error);
 }

@@ -19,8 +19,5 @@ typedef struct glmrt_cuda_rmsnorm_args {
 } glmrt_cuda_rmsnorm_args;
 
 glmrt_status glmrt_cuda_rmsnorm_run(const glmrt_cuda_rmsnorm_args *args, cudaStream_t stream, glmrt_error *error);
-glmrt_status glmrt_cuda_rmsnorm(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
-                                const float *weight, int32_t n, float eps, float *y, int64_t y_stride,
-                                cudaStream_t stream, glmrt_error *error);
 
 #endif

@@ -18,8 +18,9 @@ typedef struct glmrt_step_context {
     cudaStream_t stream;
 } glmrt_step_context;
 
-static const glmrt_cuda_qgemm_operand *glmrt_step_operand(const glmrt_step_context *step,
-                                                         glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*which)
+typedef glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*glmrt_operand_slot;
+
+static const glmrt_cuda_qgemm_operand *glmrt_step_operand(const glmrt_step_context *step, glmrt_operand_slot which)
 {
     glmrt_cuda_matmuls *m = step->state->matmuls;
     return m != nullptr ? &(m->*which) : nullptr;
@@ -73,8 +74,6 @@ static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, cons
     return glmrt_cuda_qgemm_run(&call, &step->state->matmuls->split, step->stream, step->error);
 }
 
-typedef glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*glmrt_operand_slot;
-
 typedef struct glmrt_step_norm_target {
     const float *weight;
     const int32_t *x_rows;
@@ -116,28 +115,33 @@ static glmrt_status glmrt_step_norm_rows(const glmrt_step_context *step, const f
     return glmrt_step_norm(step, &target);
 }
 
-static glmrt_status glmrt_step_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
-                                     const glmrt_cuda_qgemm_operand *x_native, const float *x, int64_t x_stride,
-                                     float *y, int64_t y_stride, int32_t num_rows, const float *bias,
-                                     int32_t accumulate)
+static glmrt_status glmrt_step_dense_rounded(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
+                                             glmrt_operand_slot rounded, const float *x, int64_t x_stride, float *y,
+                                             int64_t y_stride, int32_t num_rows, const float *bias, int32_t accumulate)
 {
     if (w->qgemm != nullptr) {
-        GLMRT_TRY(glmrt_step_quantize(step, x_native, x, x_stride, nullptr, GLMRT_ACTIVATION_COPY, num_rows, nullptr));
-        return glmrt_step_native_dense(step, w, x_native, y, y_stride, num_rows, bias, accumulate);
+        return glmrt_step_native_dense(step, w, glmrt_step_operand(step, rounded), y, y_stride, num_rows, bias,
+                                       accumulate);
     }
     return glmrt_cuda_gemm_dense(w, x, x_stride, y, y_stride, num_rows, bias, accumulate, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
+                                     glmrt_operand_slot rounded, const float *x, int64_t x_stride, float *y,
+                                     int64_t y_stride, int32_t num_rows, const float *bias, int32_t accumulate)
+{
+    if (w->qgemm != nullptr) {
+        GLMRT_TRY(glmrt_step_quantize(step, glmrt_step_operand(step, rounded), x, x_stride, nullptr,
+                                      GLMRT_ACTIVATION_COPY, num_rows, nullptr));
+    }
+    return glmrt_step_dense_rounded(step, w, rounded, x, x_stride, y, y_stride, num_rows, bias, accumulate);
 }
 
 static glmrt_status glmrt_step_dense_normed(const glmrt_step_context *step, const glmrt_cuda_matrix *w, float *y,
                                             int64_t y_stride, const float *bias)
 {
-    int32_t rows = step->counts->num_tokens;
-    if (w->qgemm != nullptr) {
-        return glmrt_step_native_dense(step, w, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows), y, y_stride,
-                                       rows, bias, 0);
-    }
-    return glmrt_cuda_gemm_dense(w, step->state->ws.normed, step->state->dims.hidden, y, y_stride, rows, bias, 0,
-                                 step->stream, step->error);
+    return glmrt_step_dense_rounded(step, w, &glmrt_cuda_matmuls::rows, step->state->ws.normed,
+                                    step->state->dims.hidden, y, y_stride, step->counts->num_tokens, bias, 0);
 }
 
 static glmrt_status glmrt_step_merge(const glmrt_step_context *step)
@@ -215,13 +219,13 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.max_grid_items = 0;
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, st->capacity.prefill_tokens_per_item, step->stream, step->error));
     GLMRT_TRY(glmrt_step_merge(step));
-    GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
-                               ws->attn, d->q_width, ws->hidden, d->hidden, t, nullptr, st->owns_residual));
+    GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, ws->attn, d->q_width, ws->hidden,
+                               d->hidden, t, nullptr, st->owns_residual));
     return glmrt_step_reduce(step, t);
 }
 
 static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_cuda_matrix *gate_up,
-                                          const glmrt_cuda_matrix *down, glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*act,
+                                          const glmrt_cuda_matrix *down, glmrt_operand_slot act,
                                           float *out, int32_t accumulate)
 {
     glmrt_cuda_state *st = step->state;
@@ -407,12 +411,8 @@ static glmrt_status glmrt_step_logits(const glmrt_step_context *step)
     target.consumer = &st->model.lm_head;
     target.operand = &glmrt_cuda_matmuls::head;
     GLMRT_TRY(glmrt_step_norm(step, &target));
-    if (st->model.lm_head.qgemm != nullptr) {
-        return glmrt_step_native_dense(step, &st->model.lm_head, glmrt_step_operand(step, &glmrt_cuda_matmuls::head),
-                                       ws->logits, d->vocab_local, samples, nullptr, 0);
-    }
-    return glmrt_cuda_gemm_dense(&st->model.lm_head, ws->sample_hidden, d->hidden, ws->logits, d->vocab_local, samples,
-                                 nullptr, 0, step->stream, step->error);
+    return glmrt_step_dense_rounded(step, &st->model.lm_head, &glmrt_cuda_matmuls::head, ws->sample_hidden, d->hidden,
+                                    ws->logits, d->vocab_local, samples, nullptr, 0);
 }
 
 static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step)

@@ -141,12 +141,6 @@ static int32_t glmrt_seq_context(const glmrt_step_batch *batch, int32_t s)
     return batch->positions[batch->seq_token_start[s] + batch->seq_num_tokens[s] - 1] + 1;
 }
 
-int32_t glmrt_cuda_decode_splits(const glmrt_cuda_split_policy *policy, int32_t context)
-{
-    int32_t span = glmrt_attention_split_span(context, policy->keys_per_split, policy->max_splits);
-    return glmrt_ceil_div(context, span);
-}
-
 typedef struct glmrt_item_writer {
     glmrt_cuda_attention_item *decode;
     glmrt_cuda_attention_item *prefill;
@@ -311,16 +305,10 @@ static glmrt_status glmrt_step_count(const glmrt_step_batch *batch, const glmrt_
     return GLMRT_OK;
 }
 
-static glmrt_status glmrt_step_fit_bucket(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
-                                          int32_t bucket, glmrt_cuda_step_counts *c, glmrt_error *error)
+static glmrt_status glmrt_step_fit_bucket(const glmrt_cuda_step_capacity *capacity, int32_t bucket,
+                                          glmrt_cuda_step_counts *c, glmrt_error *error)
 {
     int32_t pads = bucket - c->num_tokens;
-    for (int32_t s = 0; s < batch->num_seqs; ++s) {
-        if (batch->seq_num_tokens[s] != 1) {
-            return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "a decode bucket holds one token a sequence, sequence %d has %d",
-                                   s, batch->seq_num_tokens[s]);
-        }
-    }
     if (pads < 0 || c->num_samples != c->num_tokens || c->num_prefill_items != 0 ||
         c->num_decode_items + pads > glmrt_cuda_step_bucket_items(capacity, bucket) ||
         c->num_pages + 1 > capacity->max_pages) {
@@ -389,7 +377,7 @@ glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const gl
 {
     GLMRT_TRY(glmrt_step_count(batch, capacity, policy, page_size, counts, error));
     if (padding != nullptr && padding->bucket > 0) {
-        GLMRT_TRY(glmrt_step_fit_bucket(batch, capacity, padding->bucket, counts, error));
+        GLMRT_TRY(glmrt_step_fit_bucket(capacity, padding->bucket, counts, error));
     }
     glmrt_cuda_step_view v;
     glmrt_cuda_step_view_at(counts, host, &v);

@@ -85,7 +85,6 @@ typedef struct glmrt_cuda_split_policy {
     int32_t group;
 } glmrt_cuda_split_policy;
 
-int32_t glmrt_cuda_decode_splits(const glmrt_cuda_split_policy *policy, int32_t context);
 
 int64_t glmrt_cuda_step_capacity_bytes(const glmrt_cuda_step_capacity *capacity);
 int32_t glmrt_cuda_step_bucket_items(const glmrt_cuda_step_capacity *capacity, int32_t bucket);
