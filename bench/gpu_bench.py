@@ -13,6 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.gemm_bench import FP8_CUBE, fp8_dense_rate
 from glmrt.engine.engine import Engine, SamplingParams
 
 GLM47_CONFIG = REPO_ROOT / "tests" / "data" / "glm-4.7-fp8.config.json"
@@ -93,6 +94,59 @@ def decode_step_bytes(config, batch, context):
     return weights, kv_read
 
 
+def attention_matmul_parameters(config):
+    hidden = config["hidden_size"]
+    q_rows = config["num_attention_heads"] * config["head_dim"]
+    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+    return (q_rows + 2 * kv_rows) * hidden + q_rows * hidden
+
+
+def dense_mlp_parameters(config):
+    return 3 * config["intermediate_size"] * config["hidden_size"]
+
+
+def moe_active_parameters(config):
+    hidden = config["hidden_size"]
+    expert = 3 * config["moe_intermediate_size"] * hidden
+    router = config["n_routed_experts"] * hidden
+    return (config["num_experts_per_tok"] + config["n_shared_experts"]) * expert + router
+
+
+def active_parameters_per_token(config):
+    layers = config["num_hidden_layers"]
+    dense_layers = min(config["first_k_dense_replace"], layers)
+    attention = attention_matmul_parameters(config)
+    dense = dense_layers * (attention + dense_mlp_parameters(config))
+    return dense + (layers - dense_layers) * (attention + moe_active_parameters(config))
+
+
+def lm_head_parameters(config):
+    return config["vocab_size"] * config["hidden_size"]
+
+
+def causal_attention_flops(config, prompt_length):
+    visible_pairs = prompt_length * (prompt_length + 1) // 2
+    return 4 * config["num_attention_heads"] * config["head_dim"] * visible_pairs * config["num_hidden_layers"]
+
+
+def prefill_flops(config, prompt_lengths):
+    per_token = 2 * active_parameters_per_token(config)
+    per_sampled_token = 2 * lm_head_parameters(config)
+    return sum(length * per_token + per_sampled_token + causal_attention_flops(config, length)
+               for length in prompt_lengths)
+
+
+def device_forward_ns(engine):
+    return getattr(engine.stats(), "device_forward_ns", None)
+
+
+def host_fraction(wall_seconds, device_ns_before, device_ns_after):
+    if device_ns_before is None or device_ns_after is None or wall_seconds <= 0:
+        return None
+    device_seconds = (device_ns_after - device_ns_before) * 1e-9
+    return (wall_seconds - device_seconds) / wall_seconds
+
+
 def random_prompt(rng, length, vocab):
     return [int(t) for t in rng.integers(0, vocab, size=length)]
 
@@ -113,15 +167,17 @@ def fill_contexts(engine, requests):
 def time_decode(engine, requests, warmup, steps):
     for _ in range(warmup):
         engine.step(requests)
+    device_ns_before = device_forward_ns(engine)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         engine.step(requests)
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    device_ns_after = device_forward_ns(engine)
+    return float(np.median(times)), host_fraction(sum(times), device_ns_before, device_ns_after)
 
 
-def run_ours(args, model_dir, config, batches, bandwidth):
+def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate):
     largest = max(batches)
     new_tokens = len(batches) * (args.warmup_steps + args.decode_steps) + 4
     pages = largest * math.ceil((args.context + new_tokens + 1) / PAGE_SIZE) + 16
@@ -134,17 +190,26 @@ def run_ours(args, model_dir, config, batches, bandwidth):
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     requests = [engine.create_request(random_prompt(rng, args.context, config["vocab_size"]), params)
                 for _ in range(largest)]
+    prefill_device_ns_before = device_forward_ns(engine)
     prefill_tokens, prefill_seconds = fill_contexts(engine, requests)
-    print(f"glmrt prefill {prefill_tokens} tokens in {prefill_seconds:.2f} s", flush=True)
+    prefill_host = host_fraction(prefill_seconds, prefill_device_ns_before, device_forward_ns(engine))
+    flops = prefill_flops(config, [request.num_prompt_tokens for request in requests])
+    flops_per_s = flops / prefill_seconds
+    prefill = dict(tokens=prefill_tokens, seconds=prefill_seconds, tokens_per_s=prefill_tokens / prefill_seconds,
+                   prompts=len(requests), prompt_tokens=args.context, flops=flops, flops_per_s=flops_per_s,
+                   active_parameters_per_token=active_parameters_per_token(config),
+                   fp8_fraction=flops_per_s / (fp8_rate * args.num_devices), host_fraction=prefill_host)
+    print(f"glmrt prefill {prefill_tokens} tokens in {prefill_seconds:.2f} s, "
+          f"{flops_per_s / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
     for batch in batches:
-        seconds = time_decode(engine, requests[:batch], args.warmup_steps, args.decode_steps)
+        seconds, host = time_decode(engine, requests[:batch], args.warmup_steps, args.decode_steps)
         context = requests[0].info().num_tokens
         weight_bytes, kv_bytes = decode_step_bytes(config, batch, context)
         floor = (weight_bytes + kv_bytes) / (bandwidth * args.num_devices)
         rows.append(dict(batch=batch, context=context, step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
                          weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, floor_ms=floor * 1e3,
-                         roofline_fraction=floor / seconds))
+                         roofline_fraction=floor / seconds, host_fraction=host))
         print(f"glmrt decode {rows[-1]}", flush=True)
     for request in requests:
         engine.free_request(request)
@@ -156,9 +221,7 @@ def run_ours(args, model_dir, config, batches, bandwidth):
                           decode_graph_bytes=info.decode_graph_bytes,
                           workspace_bytes=info.workspace_bytes, kv_num_pages=info.kv_num_pages,
                           pages_free_after=stats.kv_pages_free),
-                prefill=dict(tokens=prefill_tokens, seconds=prefill_seconds,
-                             tokens_per_s=prefill_tokens / prefill_seconds),
-                decode=rows)
+                prefill=prefill, decode=rows)
 
 
 def transformers_model(torch, config_dict):
@@ -220,23 +283,39 @@ def run_transformers(args, torch, config_dict, batches):
     return dict(prefill_tokens_per_s=prefill_rate, decode=rows)
 
 
+def percent_or_na(fraction):
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def rates_text(bandwidth, fp8_rate):
+    return (f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, FP8 dense rate (torch._scaled_mm {FP8_CUBE}^3) "
+            f"{fp8_rate / 1e12:.0f} TFLOP/s")
+
+
 def print_tables(result):
     ours = result["glmrt"]
-    print(f"{ours['info']['num_devices']} x {ours['info']['device']}, copy bandwidth {result['copy_bandwidth'] / 1e12:.2f} TB/s, "
+    prefill = ours["prefill"]
+    print(f"{ours['info']['num_devices']} x {ours['info']['device']}, "
+          f"{rates_text(result['copy_bandwidth'], result['fp8_flops_per_second'])}, "
           f"{result['layers']} layers ({result['moe_layers']} MoE), weights {ours['info']['weight_bytes'] / 1e9:.1f} GB, "
           f"matmul precision {ours['info']['matmul_precision']} ({ours['info']['native_matmuls']} native matmuls), "
           f"{ours['info']['decode_graphs']} decode graphs ({ours['info']['decode_graph_bytes'] / 1e6:.1f} MB)")
-    print(f"prefill: {ours['prefill']['tokens']} tokens in {ours['prefill']['seconds']:.2f} s = "
-          f"{ours['prefill']['tokens_per_s']:.0f} tokens/s")
+    print(f"prefill: {prefill['tokens']} tokens ({prefill['prompts']} prompts of {prefill['prompt_tokens']}) in "
+          f"{prefill['seconds']:.2f} s = {prefill['tokens_per_s']:.0f} tokens/s, "
+          f"{prefill['flops_per_s'] / 1e12:.0f} TFLOP/s "
+          f"(2 x {prefill['active_parameters_per_token'] / 1e9:.2f} G active parameters a token, lm_head once a "
+          f"prompt, causal attention) = {100 * prefill['fp8_fraction']:.1f}% of the FP8 dense rate, "
+          f"host {percent_or_na(prefill['host_fraction'])} of the wall time")
     reference = {row["batch"]: row["step_ms"] for row in result.get("transformers", {}).get("decode", [])}
-    print("| batch | context | step ms | tokens/s | weights GB | KV GB | floor ms | roofline | transformers ms | speedup |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| batch | context | step ms | tokens/s | weights GB | KV GB | floor ms | roofline | host % | "
+          "transformers ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in ours["decode"]:
         hf = reference.get(row["batch"])
         hf_text = f"{hf:.1f} | {hf / row['step_ms']:.2f}x" if hf else "- | -"
         print(f"| {row['batch']} | {row['context']} | {row['step_ms']:.2f} | {row['tokens_per_s']:.0f} | "
               f"{row['weight_gb']:.2f} | {row['kv_gb']:.2f} | {row['floor_ms']:.2f} | "
-              f"{100 * row['roofline_fraction']:.1f}% | {hf_text} |")
+              f"{100 * row['roofline_fraction']:.1f}% | {percent_or_na(row['host_fraction'])} | {hf_text} |")
     if "transformers" in result:
         print(f"transformers eager prefill: {result['transformers']['prefill_tokens_per_s']:.0f} tokens/s")
 
@@ -249,8 +328,11 @@ def main(argv):
     dense = json.loads(GLM47_CONFIG.read_text())["first_k_dense_replace"]
     model_dir, config = write_model_dir(dense + args.moe_layers)
     bandwidth = copy_bandwidth(torch)
+    fp8_rate = fp8_dense_rate(torch)
+    torch.cuda.empty_cache()
+    print(rates_text(bandwidth, fp8_rate), flush=True)
     result = dict(layers=config["num_hidden_layers"], moe_layers=args.moe_layers, copy_bandwidth=bandwidth,
-                  glmrt=run_ours(args, model_dir, config, batches, bandwidth))
+                  fp8_flops_per_second=fp8_rate, glmrt=run_ours(args, model_dir, config, batches, bandwidth, fp8_rate))
     hf_batches = [int(b) for b in args.transformers_batches.split(",") if b]
     if hf_batches:
         result["transformers"] = run_transformers(args, torch, config, hf_batches)

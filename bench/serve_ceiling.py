@@ -1,6 +1,7 @@
 import argparse
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -62,6 +63,12 @@ def model_options(args):
     return ["--random-weights"] if args.glm_moe_layers > 0 else []
 
 
+def server_engine_options(args):
+    batch = args.clients * args.concurrency
+    return dict(max_batch=batch, max_tokens_per_step=max(batch, 512),
+                kv_num_pages=batch * ((args.prompt_len + args.gen_len) // 16 + 4))
+
+
 def tree_environment(tree):
     inherited = os.environ.get("PYTHONPATH")
     return dict(os.environ, PYTHONPATH=str(tree) + (os.pathsep + inherited if inherited else ""))
@@ -86,10 +93,10 @@ def metric(text, name):
 
 
 def start_server(tree, model_dir, args, log_path, variant):
-    batch = args.clients * args.concurrency
+    options = server_engine_options(args)
     command = [sys.executable, "server.py", "--model", str(model_dir), "--backend", args.backend, "--port", "0",
-               "--max-batch", str(batch), "--max-tokens-per-step", str(max(batch, 512)), "--kv-pages",
-               str(batch * ((args.prompt_len + args.gen_len) // 16 + 4)), "--max-queued", str(batch)]
+               "--max-batch", str(options["max_batch"]), "--max-tokens-per-step", str(options["max_tokens_per_step"]),
+               "--kv-pages", str(options["kv_num_pages"]), "--max-queued", str(options["max_batch"])]
     command += model_options(args) + shlex.split(variant)
     env = tree_environment(tree)
     with open(log_path, "w") as log:
@@ -149,10 +156,10 @@ def engine_ceiling(model_dir, args):
     sys.path.insert(0, str(REPO_ROOT))
     from glmrt.engine.engine import Engine, SamplingParams
 
-    batch = args.clients * args.concurrency
-    with Engine(model_dir, backend=args.backend, max_batch=batch, max_tokens_per_step=max(batch, 512),
-                kv_num_pages=batch * ((args.prompt_len + args.engine_steps) // 16 + 4),
-                random_weights=args.glm_moe_layers > 0) as engine:
+    options = server_engine_options(args)
+    batch = options["max_batch"]
+    options["kv_num_pages"] = batch * ((args.prompt_len + args.engine_steps) // 16 + 4)
+    with Engine(model_dir, backend=args.backend, random_weights=args.glm_moe_layers > 0, **options) as engine:
         params = SamplingParams(temperature=1.0, max_new_tokens=args.engine_steps + 64, ignore_eos=True)
         requests = [engine.create_request([(index * 7 + position) % 1000 + 3 for position in range(args.prompt_len)],
                                           params) for index in range(batch)]
@@ -163,6 +170,75 @@ def engine_ceiling(model_dir, args):
             engine.step(requests)
         elapsed = time.perf_counter() - started
     return {"steps_per_s": args.engine_steps / elapsed, "tokens_per_s": args.engine_steps * batch / elapsed}
+
+
+class ClosedLoopStreams:
+    def __init__(self, engine, scheduler, request_type, params_type, args, seed):
+        self.engine = engine
+        self.scheduler = scheduler
+        self.request_type = request_type
+        self.params_type = params_type
+        self.rng = random.Random(seed)
+        self.prompt_len = args.prompt_len
+        self.gen_len = args.gen_len
+        self.num_failed = 0
+
+    def submit(self, owner):
+        prompt = [self.rng.randrange(self.engine.vocab_size) for _ in range(self.prompt_len)]
+        params = self.params_type(temperature=1.0, max_new_tokens=self.gen_len, ignore_eos=True,
+                                  seed=self.rng.getrandbits(32))
+        request = self.engine.open_request(self.request_type(prompt, params, owner=owner))
+        self.scheduler.add(request)
+
+    def replace(self, request):
+        self.engine.free_request(request)
+        self.submit(request.owner)
+
+    def retire_all(self):
+        for request in self.scheduler.all_requests():
+            self.scheduler.cancel(request.request_id)
+            self.engine.free_request(request)
+
+
+def engine_workload(model_dir, args):
+    sys.path.insert(0, str(REPO_ROOT))
+    from glmrt.engine.engine import Engine, SamplingParams
+    from glmrt.engine.request import Request
+    from glmrt.engine.scheduler import Scheduler, SchedulerPolicy
+
+    options = server_engine_options(args)
+    batch = options["max_batch"]
+    with Engine(model_dir, backend=args.backend, random_weights=args.glm_moe_layers > 0, **options) as engine:
+        scheduler = Scheduler(engine, SchedulerPolicy(max_running=min(batch, engine.max_batch)))
+        streams = ClosedLoopStreams(engine, scheduler, Request, SamplingParams, args, seed=0)
+        for index in range(batch):
+            streams.submit(f"stream:{index}")
+        steps = tokens = batch_sum = 0
+        busy = 0.0
+        started = time.perf_counter()
+        try:
+            while time.perf_counter() - started < args.duration:
+                step_started = time.perf_counter()
+                result = scheduler.step()
+                step_seconds = time.perf_counter() - step_started
+                for request in result.failed:
+                    streams.num_failed += 1
+                    streams.replace(request)
+                if not result.batch:
+                    continue
+                steps += 1
+                busy += step_seconds
+                batch_sum += len(result.batch)
+                tokens += sum(1 for output in result.outputs if output.token is not None)
+                for output in result.finished:
+                    streams.replace(output.request)
+            elapsed = time.perf_counter() - started
+        finally:
+            streams.retire_all()
+        engine.check_invariants()
+    return {"steps_per_s": steps / elapsed, "tokens_per_s": tokens / elapsed,
+            "mean_batch": batch_sum / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
+            "steps": steps, "seconds": elapsed, "failed_requests": streams.num_failed}
 
 
 def serve_once(tree, model_dir, args, work, variant, api):
@@ -180,6 +256,14 @@ def serve_once(tree, model_dir, args, work, variant, api):
     return dict(tree=tree, variant=variant, api=api, **result)
 
 
+def share(part, whole):
+    return part / whole if whole > 0 else None
+
+
+def percent_text(fraction):
+    return "n/a" if fraction is None else f"{fraction:.1%}"
+
+
 def main(argv=None):
     args = parse_args(argv)
     trees = [str(Path(tree).resolve()) for tree in args.tree] or [str(REPO_ROOT)]
@@ -189,22 +273,34 @@ def main(argv=None):
             model_dir = write_glm_shape(work, args.glm_moe_layers)
         else:
             model_dir = write_tiny_model(Path(work) / "tiny")
+        batch = args.clients * args.concurrency
         engine = engine_ceiling(model_dir, args)
-        print(f"engine alone, batch {args.clients * args.concurrency}: {engine['steps_per_s']:.1f} steps/s, "
+        print(f"engine alone, decode only, batch {batch}: {engine['steps_per_s']:.1f} steps/s, "
               f"{engine['tokens_per_s']:.0f} tokens/s", flush=True)
+        workload = engine_workload(model_dir, args)
+        print(f"engine alone, the server's workload, batch {batch} (prompts of {args.prompt_len}, {args.gen_len} "
+              f"generated, {args.duration:g} s): {workload['steps_per_s']:.1f} steps/s, "
+              f"{workload['tokens_per_s']:.0f} tokens/s, mean batch {workload['mean_batch']:.1f}, "
+              f"mean step {workload['mean_step_ms']:.2f} ms, failed requests {workload['failed_requests']}",
+              flush=True)
         for tree in trees:
             apis = args.apis.split(",") if tree_layout(tree)["new"] else ["websocket"]
             for variant in args.variant or [""]:
                 for api in apis:
                     rows.append(serve_once(tree, model_dir, args, work, variant, api))
-    print("| tree | server arguments | api | steps/s | server tokens/s | client tokens/s | of the engine's step rate |")
-    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        row["of_engine_decode_only"] = share(row["steps_per_s"], engine["steps_per_s"])
+        row["of_engine_workload"] = share(row["steps_per_s"], workload["steps_per_s"])
+    print("| tree | server arguments | api | steps/s | server tokens/s | client tokens/s | "
+          "of the engine's decode-only step rate | of the engine's step rate on the server's workload |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['tree']} | {row['variant']} | {row['api']} | {row['steps_per_s']:.1f} | "
               f"{row['server_tokens_per_s']:.0f} | {row['client_tokens_per_s']:.0f} | "
-              f"{row['steps_per_s'] / engine['steps_per_s']:.1%} |")
+              f"{percent_text(row['of_engine_decode_only'])} | {percent_text(row['of_engine_workload'])} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"engine": engine, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"engine": engine, "engine_workload": workload, "rows": rows},
+                                              indent=2))
     return 0
 
 

@@ -232,6 +232,52 @@ def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
             assert stats.kv_pages_free == stats.kv_pages_total
 
 
+def launched_tokens(engine, prompts, steps):
+    requests = [engine.create_request(prompt, SamplingParams(temperature=0.8, seed=7 + i, max_new_tokens=steps,
+                                                             ignore_eos=True))
+                for i, prompt in enumerate(prompts)]
+    produced = []
+    active = list(requests)
+    while active:
+        engine.launch(active)
+        produced.append(engine.stats().live_requests)
+        tokens, codes = engine.complete()
+        produced.append((list(tokens), list(codes)))
+        active = [request for request, code in zip(active, codes) if code == 0]
+    for request in requests:
+        engine.free_request(request)
+    return produced
+
+
+def synchronous_tokens(engine, prompts, steps):
+    requests = [engine.create_request(prompt, SamplingParams(temperature=0.8, seed=7 + i, max_new_tokens=steps,
+                                                             ignore_eos=True))
+                for i, prompt in enumerate(prompts)]
+    produced = []
+    active = list(requests)
+    while active:
+        produced.append(engine.stats().live_requests)
+        tokens, codes = engine.step(active)
+        produced.append((list(tokens), list(codes)))
+        active = [request for request, code in zip(active, codes) if code == 0]
+    for request in requests:
+        engine.free_request(request)
+    return produced
+
+
+def test_cuda_launch_then_complete_equals_the_synchronous_step_and_counts_device_time():
+    model_dir = build_test_model("fp8-block")
+    with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as first, \
+            Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as second:
+        prompts = [prompt_of_length(1 + (23 * i) % 70, first.vocab_size, seed=500 + i) for i in range(6)]
+        assert launched_tokens(first, prompts, 12) == synchronous_tokens(second, prompts, 12)
+        for engine in (first, second):
+            stats = engine.stats()
+            assert stats.kv_pages_free == stats.kv_pages_total
+            assert stats.device_forward_ns > 0
+            engine.check_invariants()
+
+
 def churn_step(engine, rng, live, vocab):
     action = rng.random()
     if action < 0.3 and len(live) < 12:

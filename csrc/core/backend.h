@@ -37,8 +37,9 @@ typedef struct glmrt_backend_ops {
     const char *name;
     glmrt_status (*create)(glmrt_engine *engine, void **out_state);
     void (*destroy)(void *state);
-    glmrt_status (*forward)(void *state, const glmrt_step_batch *batch, float *out_logits,
-                            glmrt_token *out_sampled);
+    glmrt_status (*launch)(void *state, const glmrt_step_batch *batch, float *out_logits,
+                           glmrt_token *out_sampled);
+    glmrt_status (*complete)(void *state, int64_t *out_device_ns);
 } glmrt_backend_ops;
 
 extern const glmrt_backend_ops glmrt_cpu_backend_ops;

@@ -87,6 +87,7 @@ void glmrt_engine_free(glmrt_engine *engine)
     if (engine == NULL) {
         return;
     }
+    glmrt_step_abandon(engine);
     release_live_requests(engine);
     if (engine->backend_ops != NULL && engine->backend_state != NULL) {
         engine->backend_ops->destroy(engine->backend_state);
@@ -236,6 +237,7 @@ glmrt_status glmrt_engine_get_stats(glmrt_engine *engine, glmrt_engine_stats *ou
     out_stats->prefix_cache_queries = engine->prefix_cache_queries;
     out_stats->prefix_cache_hits = engine->prefix_cache_hits;
     out_stats->prefix_cache_evictions = engine->kv_pages.num_evictions;
+    out_stats->device_forward_ns = engine->device_forward_ns;
     return GLMRT_OK;
 }
 
@@ -292,7 +294,8 @@ glmrt_status glmrt_engine_check_invariants(glmrt_engine *engine)
     if (engine == NULL) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    glmrt_status status = glmrt_kv_pages_check(&engine->kv_pages, &engine->error);
+    glmrt_status status = glmrt_engine_require_no_flight(engine, "engine_check_invariants");
+    if (status == GLMRT_OK) status = glmrt_kv_pages_check(&engine->kv_pages, &engine->error);
     if (status != GLMRT_OK) {
         return status;
     }

@@ -7,6 +7,7 @@
 
 typedef struct glmrt_step_scratch {
     glmrt_request **sorted_requests;
+    glmrt_request **flight_requests;
     glmrt_token *token_ids;
     glmrt_pos *positions;
     int32_t *token_seq;
@@ -29,6 +30,14 @@ typedef struct glmrt_step_scratch {
     int64_t step_prefix_hits;
 } glmrt_step_scratch;
 
+typedef struct glmrt_step_flight {
+    int32_t active;
+    int32_t num_requests;
+    int32_t num_seqs;
+    int32_t want_logits;
+    glmrt_step_batch batch;
+} glmrt_step_flight;
+
 struct glmrt_engine {
     glmrt_model_config config;
     glmrt_engine_options options;
@@ -47,10 +56,23 @@ struct glmrt_engine {
     int64_t steps;
     int64_t prefix_cache_queries;
     int64_t prefix_cache_hits;
+    int64_t device_forward_ns;
     glmrt_step_scratch scratch;
+    glmrt_step_flight flight;
     const glmrt_backend_ops *backend_ops;
     void *backend_state;
     glmrt_engine_info info;
 };
+
+void glmrt_step_abandon(glmrt_engine *engine);
+
+static inline glmrt_status glmrt_engine_require_no_flight(glmrt_engine *engine, const char *action)
+{
+    if (!engine->flight.active) {
+        return GLMRT_OK;
+    }
+    return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                           "%s: a step is in flight; complete it with glmrt_step_complete first", action);
+}
 
 #endif

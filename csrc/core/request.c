@@ -27,6 +27,17 @@ static glmrt_status require_live_request(glmrt_engine *engine, const glmrt_reque
     return GLMRT_OK;
 }
 
+static glmrt_status require_request_at_rest(glmrt_engine *engine, const glmrt_request *request, const char *action)
+{
+    glmrt_status status = require_live_request(engine, request, action);
+    if (status == GLMRT_OK && request->in_flight) {
+        status = glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                                 "%s: request %lld is in the step in flight; complete the step first", action,
+                                 (long long)request->id);
+    }
+    return status;
+}
+
 static glmrt_status validate_prompt(glmrt_engine *engine, const glmrt_token *prompt_tokens, int32_t num_prompt_tokens)
 {
     if (engine->kv_pages.num_pages < 1 || engine->kv_pages.page_size < 1) {
@@ -203,7 +214,7 @@ glmrt_status glmrt_request_free(glmrt_engine *engine, glmrt_request *request)
     if (engine == NULL) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    glmrt_status status = require_live_request(engine, request, "request_free");
+    glmrt_status status = require_request_at_rest(engine, request, "request_free");
     if (status != GLMRT_OK) {
         return status;
     }
@@ -218,7 +229,7 @@ glmrt_status glmrt_request_preempt(glmrt_engine *engine, glmrt_request *request)
     if (engine == NULL) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    glmrt_status status = require_live_request(engine, request, "request_preempt");
+    glmrt_status status = require_request_at_rest(engine, request, "request_preempt");
     if (status != GLMRT_OK) {
         return status;
     }

@@ -20,6 +20,7 @@ struct glmrt_request {
     glmrt_sampling_params params;
     glmrt_token *stop_token_ids;
     int32_t finish_reason;
+    int32_t in_flight;
 };
 
 void glmrt_request_destroy(glmrt_request *request);

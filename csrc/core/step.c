@@ -5,16 +5,22 @@
 #include "step_plan.h"
 
 static glmrt_status check_step_outputs(glmrt_engine *engine, int32_t n, const int64_t *out_tokens,
-                                       const int32_t *out_finish_reasons, const float *out_logits)
+                                       const int32_t *out_finish_reasons)
 {
     if (n > 0 && (out_tokens == NULL || out_finish_reasons == NULL)) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
                                "batch of %d requests needs token and finish-reason arrays", n);
     }
-    if (engine->backend_ops == NULL || engine->backend_ops->forward == NULL) {
+    return GLMRT_OK;
+}
+
+static glmrt_status check_step_backend(glmrt_engine *engine, int want_logits)
+{
+    const glmrt_backend_ops *ops = engine->backend_ops;
+    if (ops == NULL || ops->launch == NULL || ops->complete == NULL) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_BACKEND, "engine has no backend forward pass");
     }
-    if (out_logits != NULL && engine->scratch.logits == NULL) {
+    if (want_logits && engine->scratch.logits == NULL) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT, "engine has no logits scratch");
     }
     return GLMRT_OK;
@@ -157,20 +163,38 @@ static glmrt_status check_sampled_tokens(glmrt_engine *engine, const glmrt_step_
     return GLMRT_OK;
 }
 
-static glmrt_status run_forward(glmrt_engine *engine, int32_t num_seqs, glmrt_step_batch *batch, int want_logits)
+static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt_step_batch *batch, int want_logits)
 {
     glmrt_status status = allocate_step_pages(engine, num_seqs);
     if (status != GLMRT_OK) {
         return status;
     }
     fill_step_batch(engine, num_seqs, batch);
-    status = engine->backend_ops->forward(engine->backend_state, batch, want_logits ? engine->scratch.logits : NULL,
-                                          engine->scratch.sampled);
-    if (status == GLMRT_OK) status = check_sampled_tokens(engine, batch);
+    status = engine->backend_ops->launch(engine->backend_state, batch, want_logits ? engine->scratch.logits : NULL,
+                                         engine->scratch.sampled);
     if (status != GLMRT_OK) {
         release_step_pages(engine, num_seqs, num_seqs);
     }
     return status;
+}
+
+static glmrt_status finish_forward(glmrt_engine *engine, const glmrt_step_flight *flight)
+{
+    int64_t device_ns = 0;
+    glmrt_status status = engine->backend_ops->complete(engine->backend_state, &device_ns);
+    engine->device_forward_ns += device_ns;
+    if (status == GLMRT_OK) status = check_sampled_tokens(engine, &flight->batch);
+    if (status != GLMRT_OK) {
+        release_step_pages(engine, flight->num_seqs, flight->num_seqs);
+    }
+    return status;
+}
+
+static void mark_in_flight(glmrt_request *const *requests, int32_t n, int32_t in_flight)
+{
+    for (int32_t i = 0; i < n; ++i) {
+        requests[i]->in_flight = in_flight;
+    }
 }
 
 static int token_stops(const glmrt_request *request, glmrt_token token)
@@ -266,19 +290,19 @@ static void write_outputs(glmrt_engine *engine, glmrt_request *const *requests, 
     }
 }
 
-glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
-                                           int64_t *out_tokens, int32_t *out_finish_reasons, float *out_logits)
+static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requests, int32_t n, int want_logits)
 {
-    if (engine == NULL) {
-        return GLMRT_ERR_INVALID_ARGUMENT;
-    }
-    glmrt_status status = glmrt_step_check_batch(engine, requests, n);
-    if (status == GLMRT_OK) status = check_step_outputs(engine, n, out_tokens, out_finish_reasons, out_logits);
-    if (status != GLMRT_OK || n == 0) {
+    glmrt_status status = glmrt_engine_require_no_flight(engine, "step_launch");
+    if (status == GLMRT_OK) status = glmrt_step_check_batch(engine, requests, n);
+    if (status == GLMRT_OK) status = check_step_backend(engine, want_logits);
+    if (status != GLMRT_OK) {
         return status;
     }
     glmrt_step_plan plan;
-    status = glmrt_step_plan_sequences(engine, requests, n, &plan);
+    memset(&plan, 0, sizeof(plan));
+    if (n > 0) {
+        status = glmrt_step_plan_sequences(engine, requests, n, &plan);
+    }
     if (status != GLMRT_OK) {
         return status;
     }
@@ -286,17 +310,104 @@ glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *
         return glmrt_error_set(&engine->error, GLMRT_ERR_OUT_OF_PAGES, "step needs %d pages, %d free",
                                plan.num_new_pages, plan.num_free_pages);
     }
-    glmrt_step_batch batch;
-    memset(&batch, 0, sizeof(batch));
+    glmrt_step_flight *flight = &engine->flight;
+    memset(&flight->batch, 0, sizeof(flight->batch));
     if (plan.num_scheduled_requests > 0) {
-        status = run_forward(engine, plan.num_scheduled_requests, &batch, out_logits != NULL);
+        status = launch_forward(engine, plan.num_scheduled_requests, &flight->batch, want_logits);
         if (status != GLMRT_OK) {
             return status;
         }
     }
-    commit_step(engine, &batch);
-    write_outputs(engine, requests, n, &batch, out_tokens, out_finish_reasons, out_logits);
+    if (n > 0) {
+        memcpy(engine->scratch.flight_requests, requests, (size_t)n * sizeof(*requests));
+    }
+    mark_in_flight(engine->scratch.flight_requests, n, 1);
+    flight->num_requests = n;
+    flight->num_seqs = plan.num_scheduled_requests;
+    flight->want_logits = want_logits;
+    flight->active = 1;
     return GLMRT_OK;
+}
+
+static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int32_t *out_finish_reasons,
+                                  float *out_logits)
+{
+    glmrt_step_flight *flight = &engine->flight;
+    glmrt_status status = flight->num_seqs > 0 ? finish_forward(engine, flight) : GLMRT_OK;
+    mark_in_flight(engine->scratch.flight_requests, flight->num_requests, 0);
+    flight->active = 0;
+    if (status != GLMRT_OK) {
+        return status;
+    }
+    commit_step(engine, &flight->batch);
+    write_outputs(engine, engine->scratch.flight_requests, flight->num_requests, &flight->batch, out_tokens,
+                  out_finish_reasons, flight->want_logits ? out_logits : NULL);
+    return GLMRT_OK;
+}
+
+void glmrt_step_abandon(glmrt_engine *engine)
+{
+    glmrt_step_flight *flight = &engine->flight;
+    if (!flight->active) {
+        return;
+    }
+    if (flight->num_seqs > 0) {
+        int64_t device_ns = 0;
+        engine->backend_ops->complete(engine->backend_state, &device_ns);
+        release_step_pages(engine, flight->num_seqs, flight->num_seqs);
+    }
+    mark_in_flight(engine->scratch.flight_requests, flight->num_requests, 0);
+    flight->active = 0;
+}
+
+glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *requests, int32_t n)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    return launch_step(engine, requests, n, 0);
+}
+
+glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
+                                 int32_t *out_finish_reasons, int32_t *out_count)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    if (out_count == NULL) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "step_complete: count output is NULL");
+    }
+    *out_count = 0;
+    if (!engine->flight.active) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "step_complete: no step is in flight; launch one with glmrt_step_launch first");
+    }
+    int32_t n = engine->flight.num_requests;
+    if (capacity < n) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "step_complete: the step in flight has %d requests, the outputs hold %d", n, capacity);
+    }
+    glmrt_status status = check_step_outputs(engine, n, out_tokens, out_finish_reasons);
+    if (status == GLMRT_OK) status = complete_step(engine, out_tokens, out_finish_reasons, NULL);
+    if (status == GLMRT_OK) {
+        *out_count = n;
+    }
+    return status;
+}
+
+glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
+                                           int64_t *out_tokens, int32_t *out_finish_reasons, float *out_logits)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    glmrt_status status = glmrt_engine_require_no_flight(engine, "run_batch_decode");
+    if (status == GLMRT_OK) status = check_step_outputs(engine, n, out_tokens, out_finish_reasons);
+    if (status == GLMRT_OK) status = launch_step(engine, requests, n, out_logits != NULL);
+    if (status != GLMRT_OK) {
+        return status;
+    }
+    return complete_step(engine, out_tokens, out_finish_reasons, out_logits);
 }
 
 glmrt_status glmrt_run_batch_decode(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,

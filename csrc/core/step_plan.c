@@ -194,7 +194,8 @@ glmrt_status glmrt_engine_plan_step(glmrt_engine *engine, glmrt_request *const *
     if (out_plan == NULL) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "plan output is NULL");
     }
-    glmrt_status status = glmrt_step_check_batch(engine, requests, n);
+    glmrt_status status = glmrt_engine_require_no_flight(engine, "engine_plan_step");
+    if (status == GLMRT_OK) status = glmrt_step_check_batch(engine, requests, n);
     if (status == GLMRT_OK) status = glmrt_step_plan_sequences(engine, requests, n, out_plan);
     if (status != GLMRT_OK || out_num_scheduled_tokens == NULL) {
         return status;

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "norm_rope.h"
 
@@ -264,15 +265,35 @@ static glmrt_status cpu_backend_create(glmrt_engine *engine, void **out_state)
     return GLMRT_OK;
 }
 
-static glmrt_status cpu_backend_forward(void *state, const glmrt_step_batch *batch, float *out_logits,
-                                        glmrt_token *out_sampled)
+static int64_t monotonic_ns(void)
 {
-    return glmrt_cpu_backend_forward_step(state, batch, out_logits, out_sampled);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+static glmrt_status cpu_backend_launch(void *state, const glmrt_step_batch *batch, float *out_logits,
+                                       glmrt_token *out_sampled)
+{
+    glmrt_cpu_backend *backend = state;
+    int64_t started = monotonic_ns();
+    glmrt_status status = glmrt_cpu_backend_forward_step(backend, batch, out_logits, out_sampled);
+    backend->last_forward_ns = monotonic_ns() - started;
+    return status;
+}
+
+static glmrt_status cpu_backend_complete(void *state, int64_t *out_device_ns)
+{
+    glmrt_cpu_backend *backend = state;
+    *out_device_ns = backend->last_forward_ns;
+    backend->last_forward_ns = 0;
+    return GLMRT_OK;
 }
 
 const glmrt_backend_ops glmrt_cpu_backend_ops = {
     "cpu",
     cpu_backend_create,
     cpu_backend_destroy,
-    cpu_backend_forward,
+    cpu_backend_launch,
+    cpu_backend_complete,
 };

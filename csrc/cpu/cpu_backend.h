@@ -115,6 +115,7 @@ typedef struct glmrt_cpu_backend {
     glmrt_cpu_thread_scratch *threads;
     int64_t workspace_bytes;
     glmrt_cpu_step step;
+    int64_t last_forward_ns;
 } glmrt_cpu_backend;
 
 glmrt_status glmrt_cpu_backend_prepare_params(glmrt_cpu_backend *backend, glmrt_error *error);

@@ -40,18 +40,27 @@ static void glmrt_cuda_destroy(void *state)
     glmrt_cuda_group_destroy((glmrt_cuda_group *)state);
 }
 
-static glmrt_status glmrt_cuda_forward_op(void *state, const glmrt_step_batch *batch, float *out_logits,
-                                          glmrt_token *out_sampled)
+static glmrt_status glmrt_cuda_launch_op(void *state, const glmrt_step_batch *batch, float *out_logits,
+                                         glmrt_token *out_sampled)
 {
     if (state == nullptr) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    return glmrt_cuda_group_forward((glmrt_cuda_group *)state, batch, out_logits, out_sampled);
+    return glmrt_cuda_group_launch((glmrt_cuda_group *)state, batch, out_logits, out_sampled);
+}
+
+static glmrt_status glmrt_cuda_complete_op(void *state, int64_t *out_device_ns)
+{
+    if (state == nullptr) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    return glmrt_cuda_group_complete((glmrt_cuda_group *)state, out_device_ns);
 }
 
 extern "C" const glmrt_backend_ops glmrt_cuda_backend_ops = {
     "cuda",
     glmrt_cuda_create,
     glmrt_cuda_destroy,
-    glmrt_cuda_forward_op,
+    glmrt_cuda_launch_op,
+    glmrt_cuda_complete_op,
 };

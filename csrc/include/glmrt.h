@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 6
+#define GLMRT_ABI_VERSION 7
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -151,6 +151,7 @@ typedef struct glmrt_engine_stats {
     int64_t prefix_cache_queries;
     int64_t prefix_cache_hits;
     int64_t prefix_cache_evictions;
+    int64_t device_forward_ns;
 } glmrt_engine_stats;
 
 typedef struct glmrt_engine_info {
@@ -228,6 +229,9 @@ glmrt_status glmrt_request_get_tokens(glmrt_engine *engine, const glmrt_request 
 
 glmrt_status glmrt_run_batch_decode(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
                                     int64_t *out_tokens, int32_t *out_finish_reasons);
+glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *requests, int32_t n);
+glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
+                                 int32_t *out_finish_reasons, int32_t *out_count);
 glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
                                            int64_t *out_tokens, int32_t *out_finish_reasons, float *out_logits);
 

@@ -42,6 +42,7 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     prefix_cache_evictions: int
+    device_forward_ns: int
 
     @property
     def kv_pages_in_use(self):
@@ -174,6 +175,7 @@ class Engine:
         self._plan_out = native.StepPlanStruct()
         self._requests_in = (native.request_p * self.max_batch)()
         self._infos_out = (native.RequestInfoStruct * self.max_batch)()
+        self._count_out = ctypes.c_int32()
 
     def __enter__(self):
         return self
@@ -228,9 +230,8 @@ class Engine:
     def free_request(self, request):
         if request.is_freed or self.closed:
             return
-        handle = request.handle
+        self._check(self._lib.glmrt_request_free(self._handle, request.handle))
         request.handle = None
-        self._check(self._lib.glmrt_request_free(self._handle, handle))
 
     def preempt_request(self, request):
         self._require_open()
@@ -282,6 +283,18 @@ class Engine:
         self._check(self._lib.glmrt_run_batch_decode(self._handle, self._requests_in, count, self._tokens_out,
                                                      self._finish_reasons_out))
         return self._tokens_out[:count], self._finish_reasons_out[:count]
+
+    def launch(self, requests):
+        self._require_open()
+        count = self._fill_requests(requests)
+        self._check(self._lib.glmrt_step_launch(self._handle, self._requests_in, count))
+
+    def complete(self):
+        self._require_open()
+        count = self._count_out
+        self._check(self._lib.glmrt_step_complete(self._handle, self.max_batch, self._tokens_out,
+                                                  self._finish_reasons_out, ctypes.byref(count)))
+        return self._tokens_out[:count.value], self._finish_reasons_out[:count.value]
 
     def step_with_logits(self, requests):
         self._require_open()

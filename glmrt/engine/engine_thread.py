@@ -4,6 +4,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from glmrt.engine import native
 from glmrt.engine.errors import GlmrtError
 from glmrt.engine.request import RequestStatus
 from glmrt.engine.scheduler import Scheduler, SchedulerPolicy
@@ -71,6 +72,7 @@ class EngineThread:
         self._cancels = set()
         self._stopping = False
         self._engine = None
+        self._in_flight = None
         self.scheduler = None
         self.engine_info = None
         self.config = None
@@ -160,7 +162,8 @@ class EngineThread:
 
     def _take_work(self):
         with self._cond:
-            while not (self._inbox or self._cancels or self._stopping or self.scheduler.has_work()):
+            while not (self._inbox or self._cancels or self._stopping or self._in_flight is not None
+                       or self.scheduler.has_work()):
                 self._cond.wait()
             arrivals = list(self._inbox)
             self._inbox.clear()
@@ -173,13 +176,16 @@ class EngineThread:
         deliveries = Deliveries()
         for request in arrivals:
             self._accept(request, deliveries)
+        completed = self._complete_safely(deliveries)
         for request_id in cancels:
             self._cancel(request_id, deliveries)
         if not stopping and self.scheduler.has_work():
-            self._step_safely(deliveries)
+            self._launch_safely(deliveries)
+        if completed is not None:
+            self._hand_out(completed, deliveries)
         deliveries.send()
         self._publish_stats()
-        if not self.scheduler.has_work():
+        if self._in_flight is None and not self.scheduler.has_work():
             self._check_idle_invariants()
         return not stopping
 
@@ -201,31 +207,58 @@ class EngineThread:
         self._engine.free_request(request)
         deliveries.add(request, finish)
 
-    def _step_safely(self, deliveries):
+    def _launch_safely(self, deliveries):
+        launched_at = time.perf_counter()
         try:
-            self._step(deliveries)
+            result = self.scheduler.launch()
         except GlmrtError as exc:
             self._fail_running(exc, deliveries)
-
-    def _step(self, deliveries):
-        started = time.perf_counter()
-        result = self.scheduler.step()
+            return
         for request in result.failed:
             self._retire(request, Finish("failed", error_code="kv_cache_too_small",
                                          message="the KV cache pool cannot hold this request"), deliveries)
         self._metrics.num_preemptions.inc(len(result.preempted))
-        if not result.batch:
-            return
-        self._metrics.step_duration.observe(time.perf_counter() - started)
+        if result.batch:
+            result.launched_at = launched_at
+            self._in_flight = result
+
+    def _complete_safely(self, deliveries):
+        result = self._in_flight
+        if result is None:
+            return None
+        self._in_flight = None
+        try:
+            self.scheduler.complete(result)
+        except GlmrtError as exc:
+            self._fail_running(exc, deliveries)
+            return None
+        self._metrics.step_duration.observe(time.perf_counter() - result.launched_at)
+        return result
+
+    def _hand_out(self, result, deliveries):
         self._metrics.step_batch_size.observe(len(result.batch))
+        reason_name = native.finish_reason_name
         num_generated = 0
-        for output in result.outputs:
-            if output.token is not None:
+        for request, token, code in zip(result.batch, result.tokens, result.finish_codes):
+            if code:
+                if token >= 0:
+                    num_generated += 1
+                    deliveries.add(request, token)
+                self._retire(request, Finish("completed", reason_name(code)), deliveries)
+            elif token >= 0 and not request.status.is_finished:
                 num_generated += 1
-                deliveries.add(output.request, output.token)
-            if output.finish_reason is not None:
-                self._retire(output.request, Finish("completed", output.finish_reason), deliveries)
+                deliveries.add(request, token)
         self._metrics.generation_tokens.inc(num_generated)
+
+    def _settle_in_flight(self):
+        result = self._in_flight
+        self._in_flight = None
+        if result is None:
+            return
+        try:
+            self.scheduler.complete(result)
+        except GlmrtError as exc:
+            log.error("the last engine step failed while stopping: %s", exc)
 
     def _fail_running(self, exc, deliveries):
         batch = list(self.scheduler.running)
@@ -235,6 +268,7 @@ class EngineThread:
                 self._retire(request, finish_for_engine_error(exc), deliveries)
 
     def _end_all(self, finish):
+        self._settle_in_flight()
         deliveries = Deliveries()
         with self._cond:
             leftovers = list(self._inbox)

@@ -7,7 +7,7 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 6
+GLMRT_ABI_VERSION = 7
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
@@ -119,6 +119,7 @@ class EngineStatsStruct(ctypes.Structure):
         ("prefix_cache_queries", ctypes.c_int64),
         ("prefix_cache_hits", ctypes.c_int64),
         ("prefix_cache_evictions", ctypes.c_int64),
+        ("device_forward_ns", ctypes.c_int64),
     ]
 
 
@@ -192,6 +193,9 @@ SIGNATURES = {
                                            ctypes.POINTER(RequestInfoStruct)]),
     "glmrt_request_get_tokens": (c_status, [engine_p, request_p, ctypes.POINTER(c_token), ctypes.c_int32,
                                             ctypes.POINTER(ctypes.c_int32)]),
+    "glmrt_step_launch": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32]),
+    "glmrt_step_complete": (c_status, [engine_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
+                                       ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)]),
     "glmrt_run_batch_decode": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32,
                                           ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)]),
     "glmrt_run_batch_decode_logits": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32,

@@ -23,10 +23,18 @@ class StepOutput(NamedTuple):
 @dataclass
 class StepResult:
     batch: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    finish_codes: list = field(default_factory=list)
     admitted: list = field(default_factory=list)
     preempted: list = field(default_factory=list)
     failed: list = field(default_factory=list)
+    launched_at: float = 0.0
+
+    @property
+    def outputs(self):
+        reason_name = native.finish_reason_name
+        return [StepOutput(request, token if token >= 0 else None, reason_name(code) if code else None)
+                for request, token, code in zip(self.batch, self.tokens, self.finish_codes)]
 
     @property
     def finished(self):
@@ -136,21 +144,31 @@ class Scheduler:
             self.running = candidate
             result.admitted.append(request)
 
-    def step(self):
+    def launch(self):
         result = StepResult()
         self.admit(result)
         while self.running:
             batch = list(self.running)
             try:
-                tokens, finish_reasons = self.engine.step(batch)
+                self.engine.launch(batch)
             except GlmrtError as exc:
                 if exc.status_name != "OUT_OF_PAGES":
                     raise
                 self.relieve_page_pressure(result)
                 continue
             result.batch = batch
-            result.outputs = self.record(batch, tokens, finish_reasons)
             break
+        return result
+
+    def complete(self, result):
+        result.tokens, result.finish_codes = self.engine.complete()
+        self.retire_finished(result)
+        return result
+
+    def step(self):
+        result = self.launch()
+        if result.batch:
+            self.complete(result)
         return result
 
     def relieve_page_pressure(self, result):
@@ -161,13 +179,8 @@ class Scheduler:
         lone = self.running[0]
         result.failed.append(self.finish(lone.request_id, RequestStatus.FINISHED_FAILED))
 
-    def record(self, batch, tokens, finish_reasons):
-        outputs = []
-        append = outputs.append
+    def retire_finished(self, result):
         reason_name = native.finish_reason_name
-        for request, token, code in zip(batch, tokens, finish_reasons):
-            reason = reason_name(code) if code else None
-            if reason is not None:
-                self.finish(request.request_id, FINISH_REASON_TO_STATUS[reason])
-            append(StepOutput(request, token if token >= 0 else None, reason))
-        return outputs
+        for index, code in enumerate(result.finish_codes):
+            if code:
+                self.finish(result.batch[index].request_id, FINISH_REASON_TO_STATUS[reason_name(code)])

@@ -23,6 +23,12 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     cudaFree(st->workspace_memory);
     cudaFree(st->kv_memory);
     cudaFreeHost(st->host_sampled);
+    if (st->step_started != nullptr) {
+        cudaEventDestroy(st->step_started);
+    }
+    if (st->step_finished != nullptr) {
+        cudaEventDestroy(st->step_finished);
+    }
     if (st->stream != nullptr) {
         cudaStreamDestroy(st->stream);
     }
@@ -32,6 +38,8 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     st->workspace_memory = nullptr;
     st->kv_memory = nullptr;
     st->host_sampled = nullptr;
+    st->step_started = nullptr;
+    st->step_finished = nullptr;
     st->stream = nullptr;
 }
 
@@ -219,6 +227,8 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     st->step_input_bytes = glmrt_cuda_step_capacity_bytes(&st->capacity);
     GLMRT_CUDA_TRY(st->error, cudaHostAlloc((void **)&st->host_sampled, (size_t)d->max_batch * sizeof(int32_t),
                                             cudaHostAllocDefault));
+    GLMRT_CUDA_TRY(st->error, cudaEventCreate(&st->step_started));
+    GLMRT_CUDA_TRY(st->error, cudaEventCreate(&st->step_finished));
     if (d->has_head) {
         GLMRT_TRY(glmrt_cuda_sampler_init(&st->ws.sampler, st->stream, st->error));
     }

@@ -107,7 +107,7 @@ static glmrt_status glmrt_group_report(glmrt_cuda_group *group, int32_t rank, gl
                            st != nullptr ? st->device : -1, st != nullptr ? st->rank_error.message : "no state");
 }
 
-static glmrt_status glmrt_group_dispatch(glmrt_cuda_group *group, const glmrt_rank_work *work)
+static void glmrt_group_post(glmrt_cuda_group *group, const glmrt_rank_work *work)
 {
     pthread_mutex_lock(&group->lock);
     group->work = *work;
@@ -121,15 +121,25 @@ static glmrt_status glmrt_group_dispatch(glmrt_cuda_group *group, const glmrt_ra
     group->generation += 1;
     pthread_cond_broadcast(&group->work_ready);
     pthread_mutex_unlock(&group->lock);
+}
+
+static glmrt_status glmrt_group_collect(glmrt_cuda_group *group, int32_t job)
+{
     glmrt_group_wait(group);
     int32_t failed = __atomic_load_n(&group->failing_rank, __ATOMIC_ACQUIRE);
     if (failed < 0) {
         return GLMRT_OK;
     }
-    if (work->job == GLMRT_RANK_JOB_FORWARD) {
+    if (job == GLMRT_RANK_JOB_FORWARD) {
         glmrt_group_abort_comms(group);
     }
     return glmrt_group_report(group, failed, group->rank_status[failed]);
+}
+
+static glmrt_status glmrt_group_dispatch(glmrt_cuda_group *group, const glmrt_rank_work *work)
+{
+    glmrt_group_post(group, work);
+    return glmrt_group_collect(group, work->job);
 }
 
 static glmrt_status glmrt_group_start_threads(glmrt_cuda_group *group)
@@ -394,51 +404,91 @@ glmrt_status glmrt_cuda_group_create(glmrt_engine *engine, glmrt_cuda_group **ou
     return GLMRT_OK;
 }
 
-static glmrt_status glmrt_group_forward_one(glmrt_cuda_group *group, const glmrt_cuda_step_counts *counts,
-                                            float *out_logits, glmrt_token *out_sampled)
+static void glmrt_group_settle_stream(glmrt_cuda_state *st)
 {
-    glmrt_cuda_state *st = group->ranks[0];
-    glmrt_status status = glmrt_cuda_forward_packed(st, counts, group->host_step_inputs, out_logits, out_sampled);
-    if (status != GLMRT_OK && st->stream != nullptr) {
+    if (st->stream != nullptr) {
         cudaStreamSynchronize(st->stream);
         cudaGetLastError();
     }
-    return status;
 }
 
-glmrt_status glmrt_cuda_group_forward(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
-                                      glmrt_token *out_sampled)
+static glmrt_status glmrt_group_check_usable(glmrt_cuda_group *group)
 {
-    glmrt_error *error = &group->engine->error;
     if (group->failed) {
-        return glmrt_error_set(error, GLMRT_ERR_BACKEND,
+        return glmrt_error_set(&group->engine->error, GLMRT_ERR_BACKEND,
                                "the GPUs fell out of step in an earlier step and the engine must be recreated: %s",
                                group->failure);
     }
+    if (group->launched) {
+        return glmrt_error_set(&group->engine->error, GLMRT_ERR_INVARIANT,
+                               "a CUDA step is already in flight; complete it before launching another");
+    }
+    return GLMRT_OK;
+}
+
+static void glmrt_group_mark_failed(glmrt_cuda_group *group)
+{
+    group->failed = 1;
+    snprintf(group->failure, sizeof(group->failure), "%s", group->engine->error.message);
+}
+
+glmrt_status glmrt_cuda_group_launch(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
+                                     glmrt_token *out_sampled)
+{
+    glmrt_error *error = &group->engine->error;
+    GLMRT_TRY(glmrt_group_check_usable(group));
     if (batch == nullptr || batch->num_tokens <= 0) {
         return GLMRT_OK;
     }
     glmrt_cuda_state *first = group->ranks[0];
-    glmrt_cuda_step_counts counts;
     glmrt_cuda_step_padding padding;
     padding.bucket = glmrt_cuda_decode_graph_bucket(first, batch);
     padding.pad_page = first->kv_pad_page;
     GLMRT_TRY(glmrt_cuda_step_pack_padded(batch, &first->capacity, &first->split_policy, first->kv.page_size,
-                                          first->kv_num_pages, &padding, group->host_step_inputs, &counts, error));
+                                          first->kv_num_pages, &padding, group->host_step_inputs,
+                                          &group->step_counts, error));
     if (group->num_ranks == 1) {
-        return glmrt_group_forward_one(group, &counts, out_logits, out_sampled);
+        glmrt_status status = glmrt_cuda_forward_enqueue(first, &group->step_counts, group->host_step_inputs,
+                                                         out_logits, out_sampled);
+        if (status != GLMRT_OK) {
+            glmrt_group_settle_stream(first);
+            return status;
+        }
+        group->launched = 1;
+        return GLMRT_OK;
     }
     glmrt_rank_work work;
     memset(&work, 0, sizeof(work));
     work.job = GLMRT_RANK_JOB_FORWARD;
-    work.counts = &counts;
+    work.counts = &group->step_counts;
     work.host_inputs = group->host_step_inputs;
     work.out_logits = out_logits;
     work.out_sampled = out_sampled;
-    glmrt_status status = glmrt_group_dispatch(group, &work);
-    if (status != GLMRT_OK) {
-        group->failed = 1;
-        snprintf(group->failure, sizeof(group->failure), "%s", error->message);
+    glmrt_group_post(group, &work);
+    group->launched = 1;
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, int64_t *out_device_ns)
+{
+    *out_device_ns = 0;
+    if (!group->launched) {
+        return GLMRT_OK;
     }
-    return status;
+    group->launched = 0;
+    glmrt_cuda_state *first = group->ranks[0];
+    if (group->num_ranks == 1) {
+        glmrt_status status = glmrt_cuda_forward_wait(first, out_device_ns);
+        if (status != GLMRT_OK) {
+            glmrt_group_settle_stream(first);
+        }
+        return status;
+    }
+    glmrt_status status = glmrt_group_collect(group, GLMRT_RANK_JOB_FORWARD);
+    if (status != GLMRT_OK) {
+        glmrt_group_mark_failed(group);
+        return status;
+    }
+    *out_device_ns = first->last_device_ns;
+    return GLMRT_OK;
 }

@@ -53,11 +53,14 @@ struct glmrt_cuda_group {
     glmrt_status rank_status[GLMRT_MAX_DEVICES];
     int32_t failed;
     char failure[GLMRT_ERROR_MESSAGE_CAPACITY];
+    glmrt_cuda_step_counts step_counts;
+    int32_t launched;
 };
 
 glmrt_status glmrt_cuda_group_create(glmrt_engine *engine, glmrt_cuda_group **out);
 void glmrt_cuda_group_destroy(glmrt_cuda_group *group);
-glmrt_status glmrt_cuda_group_forward(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
-                                      glmrt_token *out_sampled);
+glmrt_status glmrt_cuda_group_launch(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
+                                     glmrt_token *out_sampled);
+glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, int64_t *out_device_ns);
 
 #endif

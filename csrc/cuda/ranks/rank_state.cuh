@@ -147,6 +147,11 @@ typedef struct glmrt_cuda_state {
     int64_t step_input_bytes;
     glmrt_cuda_decode_graphs graphs;
     int32_t *host_sampled;
+    cudaEvent_t step_started;
+    cudaEvent_t step_finished;
+    int32_t pending_samples;
+    glmrt_token *pending_sampled;
+    int64_t last_device_ns;
     float rms_eps;
     float attention_scale;
 } glmrt_cuda_state;
@@ -162,7 +167,10 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_matmuls_plan(glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_matmuls_bind(glmrt_cuda_state *st);
 void glmrt_cuda_matmuls_release(glmrt_cuda_state *st);
-glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *state, const glmrt_cuda_step_counts *counts,
+glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
+glmrt_status glmrt_cuda_forward_wait(glmrt_cuda_state *st, int64_t *out_device_ns);
+glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
 glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                         cudaGraphExec_t *out);

@@ -525,13 +525,16 @@ glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt
     return GLMRT_OK;
 }
 
-glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
-                                       const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled)
+glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled)
 {
     glmrt_error *error = st->error;
+    st->pending_samples = 0;
+    st->pending_sampled = nullptr;
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
+    GLMRT_CUDA_TRY(error, cudaEventRecord(st->step_started, st->stream));
     GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
     GLMRT_TRY(glmrt_step_launch(&step));
     int32_t samples = glmrt_step_samples(&step);
@@ -545,12 +548,35 @@ glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_st
                                                   cudaMemcpyDeviceToHost, st->stream));
         }
     }
+    GLMRT_CUDA_TRY(error, cudaEventRecord(st->step_finished, st->stream));
+    st->pending_samples = samples;
+    st->pending_sampled = out_sampled;
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_forward_wait(glmrt_cuda_state *st, int64_t *out_device_ns)
+{
+    glmrt_error *error = st->error;
+    *out_device_ns = 0;
+    GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
     if (st->waiting_for_stream != nullptr) {
         __atomic_store_n(st->waiting_for_stream, 1, __ATOMIC_RELEASE);
     }
     GLMRT_CUDA_TRY(error, cudaStreamSynchronize(st->stream));
-    if (samples > 0 && out_sampled != nullptr) {
-        memcpy(out_sampled, st->host_sampled, (size_t)samples * sizeof(int32_t));
+    float elapsed_ms = 0.0f;
+    GLMRT_CUDA_TRY(error, cudaEventElapsedTime(&elapsed_ms, st->step_started, st->step_finished));
+    *out_device_ns = (int64_t)((double)elapsed_ms * 1.0e6);
+    if (st->pending_samples > 0 && st->pending_sampled != nullptr) {
+        memcpy(st->pending_sampled, st->host_sampled, (size_t)st->pending_samples * sizeof(int32_t));
     }
+    st->pending_samples = 0;
+    st->pending_sampled = nullptr;
     return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
+                                       const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled)
+{
+    GLMRT_TRY(glmrt_cuda_forward_enqueue(st, counts, host_inputs, out_logits, out_sampled));
+    return glmrt_cuda_forward_wait(st, &st->last_device_ns);
 }
