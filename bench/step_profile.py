@@ -26,6 +26,8 @@ def parse_args(argv):
     parser.add_argument("--top", type=int, default=16, help="kernels listed per batch")
     parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"))
+    parser.add_argument("--launches", default="",
+                        help="kernels whose name holds this text: list each launch of one step in order, with its time")
     parser.add_argument("--json", help="write the tables to this file")
     return parser.parse_args(argv)
 
@@ -47,7 +49,14 @@ def kernel_events(profiler):
     return events
 
 
-def profile_batch(torch, engine, requests, steps):
+def launch_sequence(events, name_part, steps):
+    chosen = sorted((event for event in events if name_part in short_name(event.name)),
+                    key=lambda event: event.time_range.start)
+    per_step = len(chosen) // steps if steps else 0
+    return [dict(name=short_name(event.name), us=event.device_time_total) for event in chosen[:per_step]]
+
+
+def profile_batch(torch, engine, requests, steps, launches_of=""):
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
@@ -59,7 +68,9 @@ def profile_batch(torch, engine, requests, steps):
             engine.step(requests)
         wall = time.perf_counter() - start
     per_kernel = defaultdict(lambda: [0, 0.0])
-    for event in kernel_events(profiler):
+    events = kernel_events(profiler)
+    sequence = launch_sequence(events, launches_of, steps) if launches_of else []
+    for event in events:
         entry = per_kernel[short_name(event.name)]
         entry[0] += 1
         entry[1] += event.device_time_total
@@ -68,7 +79,7 @@ def profile_batch(torch, engine, requests, steps):
     kernels = sorted(((name, count / steps, total / steps) for name, (count, total) in per_kernel.items()),
                      key=lambda row: -row[2])
     return dict(batch=len(requests), wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
-                kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels])
+                kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
 
 
 def print_batch(row, top, layers):
@@ -80,6 +91,8 @@ def print_batch(row, top, layers):
     for kernel in row["kernels"][:top]:
         print(f"| {kernel['name']} | {kernel['per_step']:.0f} | {kernel['us']:.1f} | "
               f"{100 * kernel['us'] / gpu:.1f}% |")
+    if row["sequence"]:
+        print("launches of one step in order: " + ", ".join(f"{launch['us']:.1f}" for launch in row["sequence"]))
 
 
 def main(argv):
@@ -103,7 +116,7 @@ def main(argv):
     info = engine.info()
     print(f"{info.device_name}, {config['num_hidden_layers']} layers ({args.moe_layers} MoE), "
           f"{info.num_decode_graphs} decode graphs, matmul precision {args.matmul_precision}")
-    rows = [profile_batch(torch, engine, requests[:batch], args.steps) for batch in batches]
+    rows = [profile_batch(torch, engine, requests[:batch], args.steps, args.launches) for batch in batches]
     for row in rows:
         print_batch(row, args.top, config["num_hidden_layers"])
     for request in requests:

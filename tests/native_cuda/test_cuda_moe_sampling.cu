@@ -206,6 +206,8 @@ static int glmrt_sampler_alloc(glmrt_cuda_sampler *s, int32_t rows, int32_t voca
     s->ids_in = glmrt_test_alloc<int32_t>(cells);
     s->ids_out = glmrt_test_alloc<int32_t>(cells);
     s->row_offsets = glmrt_test_alloc<int32_t>(rows + 1);
+    s->argmax_keys = glmrt_test_alloc<unsigned long long>(rows);
+    s->argmax_arrivals = glmrt_test_alloc<uint32_t>(rows);
     if (glmrt_cuda_sampler_sort_bytes(rows, vocab, &s->sort_temp_bytes, error) != GLMRT_OK) {
         return 0;
     }
@@ -222,6 +224,8 @@ static void glmrt_sampler_release(glmrt_cuda_sampler *s)
     cudaFree(s->ids_in);
     cudaFree(s->ids_out);
     cudaFree(s->row_offsets);
+    cudaFree(s->argmax_keys);
+    cudaFree(s->argmax_arrivals);
     cudaFree(s->sort_temp);
 }
 
@@ -289,6 +293,12 @@ static void glmrt_check_sampler(glmrt_test_report *report, glmrt_test_rng *rng, 
     glmrt_cuda_sample_args args = {d_logits, rows, d_params, d_history, 1, d_tokens};
     glmrt_status status = ready ? glmrt_cuda_sample(&sampler, &args, 0, &error) : GLMRT_ERR_BACKEND;
     std::vector<int32_t> tokens = glmrt_test_download(d_tokens, rows);
+    if (status == GLMRT_OK) {
+        status = glmrt_cuda_sample(&sampler, &args, 0, &error);
+    }
+    std::vector<int32_t> again = glmrt_test_download(d_tokens, rows);
+    std::vector<unsigned long long> argmax_left = glmrt_test_download(sampler.argmax_keys, rows);
+    std::vector<uint32_t> arrivals_left = glmrt_test_download(sampler.argmax_arrivals, rows);
     glmrt_sampler_scratch scratch;
     glmrt_sampler_scratch_init(&scratch, vocab, &error);
     long mismatches = status == GLMRT_OK ? 0 : rows;
@@ -305,6 +315,12 @@ static void glmrt_check_sampler(glmrt_test_report *report, glmrt_test_rng *rng, 
     int32_t counts_left = 0;
     std::vector<int32_t> counts = glmrt_test_download(sampler.counts, (size_t)rows * vocab);
     for (int32_t c : counts) counts_left += c != 0;
+    int32_t argmax_state_left = 0;
+    for (int32_t r = 0; r < rows; ++r) argmax_state_left += argmax_left[r] != 0ull || arrivals_left[r] != 0u;
+    glmrt_test_expect(report, status == GLMRT_OK && again == tokens,
+                      "GPU sampler gives the same tokens when it runs again on the same rows", 0, 0);
+    glmrt_test_expect(report, argmax_state_left == 0, "GPU argmax leaves its per-row keys and counts at zero",
+                      argmax_state_left, 0);
     char what[160];
     snprintf(what, sizeof(what), "GPU sampler picks the CPU sampler's token on %d rows of %d", rows, vocab);
     glmrt_test_expect(report, mismatches == 0, what, (double)mismatches, 0);

@@ -212,15 +212,14 @@ static long glmrt_qtest_check_quantized(int32_t kind, const glmrt_qtest_rows &ro
     return mismatches;
 }
 
-static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng)
+static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng, int32_t rows, int32_t gathered)
 {
     const int32_t width = 1040;
-    const int32_t rows = 67;
     glmrt_qtest_rows gate_up = glmrt_qtest_make_rows(rng, rows, 2 * width);
     float *d_gate_up = glmrt_test_upload(gate_up.x);
     float *d_act = glmrt_test_alloc<float>((size_t)rows * width);
     std::vector<int32_t> gather;
-    for (int32_t r = 0; r < 90; ++r) {
+    for (int32_t r = 0; r < gathered; ++r) {
         gather.push_back((r * 37) % rows);
     }
     int32_t *d_gather = glmrt_test_upload(gather);
@@ -233,7 +232,8 @@ static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *r
     act_rows.rows = rows;
     act_rows.cols = width;
     for (int32_t kind : {GLMRT_OPERAND_FP8, GLMRT_OPERAND_BF16}) {
-        glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, width, 128, &error, &status);
+        glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, width, rows > gathered ? rows : gathered, &error,
+                                                         &status);
         std::vector<int32_t> identity;
         for (int32_t r = 0; r < rows; ++r) {
             identity.push_back(r);
@@ -254,8 +254,8 @@ static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *r
         s = glmrt_test_download(o->scales, gather.size());
         mismatches += glmrt_qtest_check_quantized(kind, act_rows, gather, q, s, width);
         char what[160];
-        snprintf(what, sizeof(what), "%s activations (SiLU-mul fused and gathered rows) equal the CPU rule",
-                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16");
+        snprintf(what, sizeof(what), "%s activations (SiLU-mul fused and gathered rows), %d and %d rows, equal the CPU rule",
+                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16", rows, gathered);
         glmrt_test_expect(report, status == GLMRT_OK && mismatches == 0, what, (double)mismatches, 0);
         glmrt_qtest_operand_free(o);
     }
@@ -521,7 +521,8 @@ int main(void)
         printf("SKIP quantized GEMM needs an sm_90 device\n");
         return glmrt_test_finish("test_cuda_qgemm", &report);
     }
-    glmrt_qtest_activations(&report, &rng);
+    glmrt_qtest_activations(&report, &rng, 67, 90);
+    glmrt_qtest_activations(&report, &rng, 400, 450);
     const glmrt_qtest_case cases[] = {
         {"bf16", GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, 0},
         {"fp8 per-channel", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, 0},

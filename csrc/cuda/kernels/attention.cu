@@ -6,41 +6,73 @@
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 
-#define GLMRT_MERGE_THREADS 256
+#define GLMRT_MERGE_WARPS 8
 
-__device__ __forceinline__ void glmrt_attention_merge_one(const glmrt_cuda_attention_merge_args &args,
-                                                          const glmrt_cuda_attention_merge merge)
+template <int PER>
+struct glmrt_merge_lane {
+    float v[PER];
+};
+
+template <int PER>
+__device__ __forceinline__ glmrt_merge_lane<PER> glmrt_merge_load(const float *source)
 {
-    const int32_t parts = glmrt_ceil_div(args.group, args.heads_per_block);
-    const int32_t kv_head = (int32_t)blockIdx.y / parts;
-    const int32_t first = ((int32_t)blockIdx.y - kv_head * parts) * args.heads_per_block;
+    glmrt_merge_lane<PER> lane;
+    if constexpr (PER == 4) {
+        float4 q = *reinterpret_cast<const float4 *>(source);
+        lane.v[0] = q.x;
+        lane.v[1] = q.y;
+        lane.v[2] = q.z;
+        lane.v[3] = q.w;
+    } else if constexpr (PER == 2) {
+        float2 q = *reinterpret_cast<const float2 *>(source);
+        lane.v[0] = q.x;
+        lane.v[1] = q.y;
+    } else {
+        lane.v[0] = *source;
+    }
+    return lane;
+}
+
+template <int PER>
+__device__ __forceinline__ void glmrt_merge_head(const glmrt_cuda_attention_merge_args &args,
+                                                 const glmrt_cuda_attention_merge merge, int32_t head, int lane)
+{
+    const int32_t kv_head = head / args.group;
+    const int32_t g = head - kv_head * args.group;
     const int32_t head_dim = args.head_dim;
-    const int32_t values = (min(args.group, first + args.heads_per_block) - first) * head_dim;
-    for (int32_t i = threadIdx.x; i < values; i += blockDim.x) {
-        const int32_t g = first + i / head_dim;
-        const int32_t d = i - (g - first) * head_dim;
-        const int32_t head = kv_head * args.group + g;
-        int64_t index = ((int64_t)merge.partial_begin * args.num_kv_heads + kv_head) * args.group + g;
-        float merged_max = args.partial_stats[index * 2];
-        float total = args.partial_stats[index * 2 + 1];
-        float value = args.partial_out[index * head_dim + d];
-        for (int32_t s = 1; s < merge.num_splits; ++s) {
-            index = ((int64_t)(merge.partial_begin + s) * args.num_kv_heads + kv_head) * args.group + g;
-            glmrt_attn_fold_weights w = glmrt_attn_fold_weigh(merged_max, args.partial_stats[index * 2]);
-            value = glmrt_attn_fold_value(value, args.partial_out[index * head_dim + d], w);
-            total = glmrt_attn_fold_value(total, args.partial_stats[index * 2 + 1], w);
-            merged_max = w.max;
+    const int32_t column = lane * PER;
+    int64_t index = ((int64_t)merge.partial_begin * args.num_kv_heads + kv_head) * args.group + g;
+    float merged_max = args.partial_stats[index * 2];
+    float total = args.partial_stats[index * 2 + 1];
+    glmrt_merge_lane<PER> value = glmrt_merge_load<PER>(args.partial_out + index * head_dim + column);
+    for (int32_t s = 1; s < merge.num_splits; ++s) {
+        index = ((int64_t)(merge.partial_begin + s) * args.num_kv_heads + kv_head) * args.group + g;
+        glmrt_attn_fold_weights w = glmrt_attn_fold_weigh(merged_max, args.partial_stats[index * 2]);
+        glmrt_merge_lane<PER> chunk = glmrt_merge_load<PER>(args.partial_out + index * head_dim + column);
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            value.v[k] = glmrt_attn_fold_value(value.v[k], chunk.v[k], w);
         }
-        args.out[(int64_t)merge.token * args.out_stride + (int64_t)head * head_dim + d] =
-            glmrt_attn_normalize(value, total);
+        total = glmrt_attn_fold_value(total, args.partial_stats[index * 2 + 1], w);
+        merged_max = w.max;
+    }
+    float *out = args.out + (int64_t)merge.token * args.out_stride + (int64_t)head * head_dim + column;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        out[k] = glmrt_attn_normalize(value.v[k], total);
     }
 }
 
-__global__ void glmrt_attention_merge_kernel(glmrt_cuda_attention_merge_args args)
+template <int PER>
+__global__ void __launch_bounds__(GLMRT_MERGE_WARPS * 32) glmrt_attention_merge_kernel(glmrt_cuda_attention_merge_args args)
 {
     const int32_t count = args.device_num_merges != nullptr ? *args.device_num_merges : args.num_merges;
+    const int32_t head = (int32_t)blockIdx.y * GLMRT_MERGE_WARPS + (int32_t)(threadIdx.x >> 5);
+    if (head >= args.num_kv_heads * args.group) {
+        return;
+    }
     for (int32_t index = blockIdx.x; index < count; index += gridDim.x) {
-        glmrt_attention_merge_one(args, args.merges[index]);
+        glmrt_merge_head<PER>(args, args.merges[index], head, (int)(threadIdx.x & 31));
     }
 }
 
@@ -96,19 +128,15 @@ glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge_arg
     if (args->num_merges <= 0) {
         return GLMRT_OK;
     }
-    int32_t sms = 0;
-    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
     const int32_t grid_merges = glmrt_attention_grid_limit(args->num_merges, args->max_grid_merges);
-    const int64_t whole_groups = (int64_t)grid_merges * args->num_kv_heads;
-    int32_t parts = (int32_t)((2 * (int64_t)sms + whole_groups - 1) / whole_groups);
-    parts = parts < 1 ? 1 : (parts > args->group ? args->group : parts);
-    glmrt_cuda_attention_merge_args launch = *args;
-    launch.heads_per_block = glmrt_ceil_div(args->group, parts);
-    parts = glmrt_ceil_div(args->group, launch.heads_per_block);
-    dim3 grid((unsigned)grid_merges, (unsigned)(args->num_kv_heads * parts));
-    int32_t values = launch.heads_per_block * args->head_dim;
-    int threads = values < GLMRT_MERGE_THREADS ? glmrt_ceil_div(values, 32) * 32 : GLMRT_MERGE_THREADS;
-    glmrt_attention_merge_kernel<<<grid, threads, 0, stream>>>(launch);
+    dim3 grid((unsigned)grid_merges, (unsigned)glmrt_ceil_div(args->num_kv_heads * args->group, GLMRT_MERGE_WARPS));
+    switch (args->head_dim) {
+    case 128: glmrt_attention_merge_kernel<4><<<grid, GLMRT_MERGE_WARPS * 32, 0, stream>>>(*args); break;
+    case 64: glmrt_attention_merge_kernel<2><<<grid, GLMRT_MERGE_WARPS * 32, 0, stream>>>(*args); break;
+    case 32: glmrt_attention_merge_kernel<1><<<grid, GLMRT_MERGE_WARPS * 32, 0, stream>>>(*args); break;
+    default:
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no split merge for head_dim %d", args->head_dim);
+    }
     GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_merge_kernel");
     return GLMRT_OK;
 }

@@ -57,7 +57,6 @@ typedef struct glmrt_cuda_attention_merge_args {
     int32_t group;
     int32_t num_kv_heads;
     int32_t head_dim;
-    int32_t heads_per_block;
     const float *partial_out;
     const float *partial_stats;
     float *out;

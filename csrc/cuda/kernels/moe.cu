@@ -8,7 +8,8 @@
 #define GLMRT_ROUTE_WARPS 4
 #define GLMRT_DISPATCH_THREADS 1024
 #define GLMRT_ROUTE_DISPATCH_TOKENS (GLMRT_DISPATCH_THREADS / 32)
-#define GLMRT_COMBINE_THREADS 256
+#define GLMRT_COMBINE_THREADS 128
+#define GLMRT_COMBINE_LOADS 8
 
 __device__ __forceinline__ bool glmrt_route_better(float a, int32_t ia, float b, int32_t ib)
 {
@@ -291,32 +292,52 @@ glmrt_status glmrt_cuda_moe_dispatch(const glmrt_cuda_dispatch_args *args, cudaS
     return GLMRT_OK;
 }
 
+__device__ __forceinline__ float4 glmrt_combine_scaled(const float *expert_out, int64_t offset, float weight)
+{
+    const float4 v = *reinterpret_cast<const float4 *>(expert_out + offset);
+    return make_float4(__fmul_rn(v.x, weight), __fmul_rn(v.y, weight), __fmul_rn(v.z, weight), __fmul_rn(v.w, weight));
+}
+
+__device__ __forceinline__ float4 glmrt_combine_add(float4 a, float4 b)
+{
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
 __global__ void __launch_bounds__(GLMRT_COMBINE_THREADS) glmrt_combine_kernel(glmrt_cuda_combine_args args)
 {
     const int32_t token = blockIdx.x;
-    const int32_t d = (int32_t)blockIdx.y * GLMRT_COMBINE_THREADS + (int32_t)threadIdx.x;
+    const int32_t d = 4 * ((int32_t)blockIdx.y * GLMRT_COMBINE_THREADS + (int32_t)threadIdx.x);
     if (d >= args.hidden_size) {
         return;
     }
     const int32_t *rows = args.assignment_row + (int64_t)token * args.top_k;
     const float *weights = args.topk_weights + (int64_t)token * args.top_k;
-    float values[GLMRT_MOE_MAX_TOP_K];
+    float4 routed = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int32_t base = 0; base < args.top_k; base += GLMRT_COMBINE_LOADS) {
+        float4 values[GLMRT_COMBINE_LOADS];
+        int32_t slot_rows[GLMRT_COMBINE_LOADS];
 #pragma unroll
-    for (int32_t slot = 0; slot < GLMRT_MOE_MAX_TOP_K; ++slot) {
-        int32_t row = slot < args.top_k ? rows[slot] : -1;
-        values[slot] = row >= 0 ? __fmul_rn(args.expert_out[(int64_t)row * args.hidden_size + d], weights[slot]) : 0.0f;
-    }
-    float routed = 0.0f;
+        for (int32_t k = 0; k < GLMRT_COMBINE_LOADS; ++k) {
+            slot_rows[k] = base + k < args.top_k ? rows[base + k] : -1;
+            values[k] = slot_rows[k] >= 0
+                            ? glmrt_combine_scaled(args.expert_out, (int64_t)slot_rows[k] * args.hidden_size + d,
+                                                   weights[base + k])
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
 #pragma unroll
-    for (int32_t slot = 0; slot < GLMRT_MOE_MAX_TOP_K; ++slot) {
-        if (slot < args.top_k && rows[slot] >= 0) {
-            routed = __fadd_rn(routed, values[slot]);
+        for (int32_t k = 0; k < GLMRT_COMBINE_LOADS; ++k) {
+            if (slot_rows[k] >= 0) {
+                routed = glmrt_combine_add(routed, values[k]);
+            }
         }
     }
-    float *hidden = args.hidden + (int64_t)token * args.hidden_size;
-    float mixed = args.shared_out != nullptr ? __fadd_rn(routed, args.shared_out[(int64_t)token * args.hidden_size + d])
-                                             : routed;
-    hidden[d] = args.add_residual ? __fadd_rn(hidden[d], mixed) : mixed;
+    float4 *hidden = reinterpret_cast<float4 *>(args.hidden + (int64_t)token * args.hidden_size + d);
+    float4 mixed = routed;
+    if (args.shared_out != nullptr) {
+        mixed = glmrt_combine_add(routed,
+                                  *reinterpret_cast<const float4 *>(args.shared_out + (int64_t)token * args.hidden_size + d));
+    }
+    *hidden = args.add_residual ? glmrt_combine_add(*hidden, mixed) : mixed;
 }
 
 glmrt_status glmrt_cuda_moe_combine(const glmrt_cuda_combine_args *args, cudaStream_t stream, glmrt_error *error)
@@ -324,7 +345,14 @@ glmrt_status glmrt_cuda_moe_combine(const glmrt_cuda_combine_args *args, cudaStr
     if (args->num_tokens <= 0) {
         return GLMRT_OK;
     }
-    dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(args->hidden_size, GLMRT_COMBINE_THREADS));
+    if (args->hidden_size % 4 != 0 || ((uintptr_t)args->hidden & 15u) != 0 || ((uintptr_t)args->expert_out & 15u) != 0 ||
+        (args->shared_out != nullptr && ((uintptr_t)args->shared_out & 15u) != 0)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "the MoE combine reads 16-byte aligned rows of a multiple of 4 values, got %d",
+                               args->hidden_size);
+    }
+    dim3 grid((unsigned)args->num_tokens,
+              (unsigned)glmrt_ceil_div(args->hidden_size, 4 * GLMRT_COMBINE_THREADS));
     glmrt_combine_kernel<<<grid, GLMRT_COMBINE_THREADS, 0, stream>>>(*args);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_combine_kernel");
     return GLMRT_OK;

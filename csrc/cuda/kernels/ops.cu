@@ -97,16 +97,27 @@ __device__ __forceinline__ void glmrt_head_rms_norm(float *head, const float *we
     __syncwarp();
 }
 
-__device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim, float theta, int32_t position,
-                                                int lane)
+__device__ __forceinline__ void glmrt_rope_angles(float *cosines, float *sines, int32_t rotary_dim, float theta,
+                                                  int32_t position)
 {
     int32_t half = rotary_dim / 2;
-    for (int32_t i = lane; i < half; i += 32) {
+    for (int32_t i = (int32_t)threadIdx.x; i < half; i += (int32_t)blockDim.x) {
         float exponent = (float)(2 * i) / (float)rotary_dim;
         float inv_freq = 1.0f / powf(theta, exponent);
         float angle = (float)position * inv_freq;
-        float c = cosf(angle);
-        float s = sinf(angle);
+        cosines[i] = cosf(angle);
+        sines[i] = sinf(angle);
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim, const float *cosines,
+                                                const float *sines, int lane)
+{
+    int32_t half = rotary_dim / 2;
+    for (int32_t i = lane; i < half; i += 32) {
+        float c = cosines[i];
+        float s = sines[i];
         float first = head[i];
         float second = head[i + half];
         head[i] = first * c - second * s;
@@ -124,8 +135,11 @@ __global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
     const int32_t h = (int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp;
     const int32_t head_dim = args.kv.head_dim;
     float *head = rope_shared + warp * head_dim;
+    float *cosines = rope_shared + GLMRT_ROPE_WARPS * head_dim;
+    float *sines = cosines + args.rotary_dim / 2;
     float *row = args.qkv + (int64_t)token * args.qkv_stride;
     const int32_t position = args.positions[token];
+    glmrt_rope_angles(cosines, sines, args.rotary_dim, args.theta, position);
     const int32_t seq = args.token_seq[token];
     const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
     const int32_t slot = position % args.kv.page_size;
@@ -144,7 +158,7 @@ __global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
             if (norm != nullptr) {
                 glmrt_head_rms_norm(head, norm, head_dim, args.eps, lane);
             }
-            glmrt_head_rope(head, args.rotary_dim, args.theta, position, lane);
+            glmrt_head_rope(head, args.rotary_dim, cosines, sines, lane);
         }
         if (is_query) {
             for (int32_t i = lane; i < head_dim; i += 32) {
@@ -166,7 +180,7 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
     if (args->num_tokens <= 0) {
         return GLMRT_OK;
     }
-    size_t shared = (size_t)GLMRT_ROPE_WARPS * args->kv.head_dim * sizeof(float);
+    size_t shared = ((size_t)GLMRT_ROPE_WARPS * args->kv.head_dim + 2 * (size_t)(args->rotary_dim / 2)) * sizeof(float);
     int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;
     dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, GLMRT_ROPE_WARPS));
     glmrt_qk_rope_store_kernel<<<grid, GLMRT_ROPE_WARPS * 32, shared, stream>>>(*args);

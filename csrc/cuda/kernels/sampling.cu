@@ -4,6 +4,7 @@
 
 #include "cuda_check.cuh"
 #include "device_arena.cuh"
+#include "device_math.cuh"
 #include "sampling.cuh"
 
 #define GLMRT_SAMPLE_THREADS 1024
@@ -11,6 +12,7 @@
 #define GLMRT_COUNT_ADDITIVE_DONE (1 << 29)
 #define GLMRT_COUNT_MASK (GLMRT_COUNT_ADDITIVE_DONE - 1)
 #define GLMRT_NO_CROSSING 0x7fffffff
+#define GLMRT_ARGMAX_SLICES 16
 
 __device__ __forceinline__ uint32_t glmrt_order_key(float value)
 {
@@ -197,42 +199,72 @@ __device__ int32_t glmrt_block_first_crossing(int32_t length, const glmrt_weight
     return result;
 }
 
-__device__ int32_t glmrt_block_argmax(const float *values, int32_t vocab, float *best_values, int32_t *best_ids)
+__device__ __forceinline__ unsigned long long glmrt_argmax_key(float value, int32_t id)
 {
-    float best = 0.0f;
-    int32_t best_id = -1;
-#pragma unroll 8
-    for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    return ((unsigned long long)glmrt_order_key(value) << 32) | (unsigned long long)(0xffffffffu - (uint32_t)id);
+}
+
+__device__ __forceinline__ int32_t glmrt_argmax_token(unsigned long long key)
+{
+    return key == 0ull ? 0 : (int32_t)(0xffffffffu - (uint32_t)(key & 0xffffffffull));
+}
+
+__device__ __forceinline__ unsigned long long glmrt_warp_max_key(unsigned long long key)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        unsigned long long other = __shfl_xor_sync(0xffffffffu, key, offset);
+        key = other > key ? other : key;
+    }
+    return key;
+}
+
+__device__ unsigned long long glmrt_block_max_key(unsigned long long key, unsigned long long *warp_keys)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    key = glmrt_warp_max_key(key);
+    if (lane == 0) {
+        warp_keys[warp] = key;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int warps = (int)(blockDim.x >> 5);
+        key = lane < warps ? warp_keys[lane] : 0ull;
+        key = glmrt_warp_max_key(key);
+    }
+    return key;
+}
+
+__device__ void glmrt_slice_argmax(const float *values, int32_t vocab, glmrt_cuda_sampler &sampler, int32_t row,
+                                   int32_t *out_token, unsigned long long *warp_keys)
+{
+    const int32_t slice = glmrt_ceil_div(vocab, (int32_t)gridDim.y);
+    const int32_t begin = (int32_t)blockIdx.y * slice;
+    const int32_t end = min(vocab, begin + slice);
+    unsigned long long best = 0ull;
+    for (int32_t i = begin + (int32_t)threadIdx.x; i < end; i += (int32_t)blockDim.x) {
         float v = values[i];
-        if (isnan(v)) {
-            continue;
-        }
-        if (best_id < 0 || v > best) {
-            best = v;
-            best_id = i;
+        if (!isnan(v)) {
+            unsigned long long key = glmrt_argmax_key(v, i);
+            best = key > best ? key : best;
         }
     }
-    best_values[threadIdx.x] = best;
-    best_ids[threadIdx.x] = best_id;
-    __syncthreads();
-    for (int32_t stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-        if ((int32_t)threadIdx.x < stride) {
-            float other = best_values[threadIdx.x + stride];
-            int32_t other_id = best_ids[threadIdx.x + stride];
-            int32_t mine = best_ids[threadIdx.x];
-            bool take = other_id >= 0 &&
-                        (mine < 0 || other > best_values[threadIdx.x] ||
-                         (other == best_values[threadIdx.x] && other_id < mine));
-            if (take) {
-                best_values[threadIdx.x] = other;
-                best_ids[threadIdx.x] = other_id;
-            }
-        }
-        __syncthreads();
+    best = glmrt_block_max_key(best, warp_keys);
+    if (threadIdx.x != 0) {
+        return;
     }
-    int32_t result = best_ids[0] < 0 ? 0 : best_ids[0];
-    __syncthreads();
-    return result;
+    if (best != 0ull) {
+        atomicMax(&sampler.argmax_keys[row], best);
+    }
+    __threadfence();
+    uint32_t arrived = atomicAdd(&sampler.argmax_arrivals[row], 1u);
+    if (arrived + 1u == gridDim.y) {
+        __threadfence();
+        unsigned long long key = atomicExch(&sampler.argmax_keys[row], 0ull);
+        sampler.argmax_arrivals[row] = 0u;
+        *out_token = glmrt_argmax_token(key);
+    }
 }
 
 __device__ int32_t glmrt_first_zero_key(const uint32_t *keys, int32_t vocab)
@@ -255,8 +287,7 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
                                const int32_t *sorted_ids)
 {
     __shared__ glmrt_sample_shared shared;
-    __shared__ float best_values[GLMRT_SAMPLE_THREADS];
-    __shared__ int32_t best_ids[GLMRT_SAMPLE_THREADS];
+    __shared__ unsigned long long warp_keys[GLMRT_SAMPLE_THREADS / 32];
     __shared__ double broadcast_double;
     __shared__ int32_t broadcast_int;
     const int32_t row = blockIdx.x;
@@ -264,10 +295,10 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     const glmrt_cuda_sample_params p = args.params[row];
     if (p.temperature == 0.0f || !args.needs_sort) {
         const float *source = glmrt_sample_reads_logits(p, args.needs_sort) ? args.logits : sampler.values;
-        int32_t token = glmrt_block_argmax(source + (int64_t)row * vocab, vocab, best_values, best_ids);
-        if (threadIdx.x == 0) {
-            args.out_tokens[row] = token;
-        }
+        glmrt_slice_argmax(source + (int64_t)row * vocab, vocab, sampler, row, &args.out_tokens[row], warp_keys);
+        return;
+    }
+    if (blockIdx.y != 0) {
         return;
     }
     const uint32_t *keys = sorted_keys + (int64_t)row * vocab;
@@ -355,6 +386,7 @@ int64_t glmrt_cuda_sampler_bytes(int32_t max_rows, int32_t vocab_size, size_t so
 {
     int64_t cells = (int64_t)max_rows * vocab_size;
     return glmrt_cuda_arena_round(cells * 4) * 6 + glmrt_cuda_arena_round(((int64_t)max_rows + 1) * 4) +
+           glmrt_cuda_arena_round((int64_t)max_rows * 8) + glmrt_cuda_arena_round((int64_t)max_rows * 4) +
            glmrt_cuda_arena_round((int64_t)sort_bytes);
 }
 
@@ -362,6 +394,10 @@ glmrt_status glmrt_cuda_sampler_init(glmrt_cuda_sampler *sampler, cudaStream_t s
 {
     int64_t cells = (int64_t)sampler->max_rows * sampler->vocab_size;
     GLMRT_CUDA_TRY(error, cudaMemsetAsync(sampler->counts, 0, (size_t)cells * sizeof(int32_t), stream));
+    GLMRT_CUDA_TRY(error, cudaMemsetAsync(sampler->argmax_keys, 0, (size_t)sampler->max_rows * sizeof(unsigned long long),
+                                          stream));
+    GLMRT_CUDA_TRY(error, cudaMemsetAsync(sampler->argmax_arrivals, 0, (size_t)sampler->max_rows * sizeof(uint32_t),
+                                          stream));
     glmrt_sample_offsets_kernel<<<1, 256, 0, stream>>>(sampler->row_offsets, sampler->max_rows, sampler->vocab_size);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_sample_offsets_kernel");
     return GLMRT_OK;
@@ -388,8 +424,13 @@ glmrt_status glmrt_cuda_sample(glmrt_cuda_sampler *sampler, const glmrt_cuda_sam
                                   (const int32_t *)sampler->row_offsets, (const int32_t *)sampler->row_offsets + 1, 0,
                                   32, stream)));
     }
-    glmrt_sample_select_kernel<<<args->num_rows, GLMRT_SAMPLE_THREADS, 0, stream>>>(*sampler, *args, sampler->keys_out,
-                                                                                    sampler->ids_out);
+    int32_t sms = 0;
+    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
+    int32_t slices = glmrt_ceil_div(2 * sms, args->num_rows);
+    slices = slices < 1 ? 1 : (slices > GLMRT_ARGMAX_SLICES ? GLMRT_ARGMAX_SLICES : slices);
+    dim3 grid((unsigned)args->num_rows, (unsigned)slices);
+    glmrt_sample_select_kernel<<<grid, GLMRT_SAMPLE_THREADS, 0, stream>>>(*sampler, *args, sampler->keys_out,
+                                                                          sampler->ids_out);
     GLMRT_CUDA_LAUNCHED(error, "glmrt_sample_select_kernel");
     return GLMRT_OK;
 }

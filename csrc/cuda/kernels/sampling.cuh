@@ -32,6 +32,8 @@ typedef struct glmrt_cuda_sampler {
     int32_t *ids_in;
     int32_t *ids_out;
     int32_t *row_offsets;
+    unsigned long long *argmax_keys;
+    uint32_t *argmax_arrivals;
     void *sort_temp;
     size_t sort_temp_bytes;
 } glmrt_cuda_sampler;

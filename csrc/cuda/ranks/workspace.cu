@@ -147,6 +147,8 @@ void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step
     s->ids_in = glmrt_cuda_arena_array<int32_t>(&arena, cells);
     s->ids_out = glmrt_cuda_arena_array<int32_t>(&arena, cells);
     s->row_offsets = glmrt_cuda_arena_array<int32_t>(&arena, b + 1);
+    s->argmax_keys = glmrt_cuda_arena_array<unsigned long long>(&arena, b);
+    s->argmax_arrivals = glmrt_cuda_arena_array<uint32_t>(&arena, b);
     s->sort_temp = glmrt_cuda_arena_take(&arena, (int64_t)sort_bytes);
     s->sort_temp_bytes = sort_bytes;
     *out_bytes = arena.used;
