@@ -87,6 +87,9 @@ async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_res
     tokens, finish = await drain(first.queue)
     assert finish.status == "cancelled" and len(tokens) < 1499
     assert samples_of(metrics)["glmrt:num_requests_running"] == 1
+    for _ in range(3):
+        await asyncio.wait_for(second.queue.get(), 30)
+    assert first.queue.empty()
     thread.stop()
     tokens, finish = await drain(second.queue)
     assert finish.status == "incomplete"

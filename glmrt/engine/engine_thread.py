@@ -233,6 +233,8 @@ class EngineThread:
             self._fail_running(exc, deliveries)
             return None
         self._metrics.step_duration.observe(time.perf_counter() - result.launched_at)
+        for request in result.finished_requests:
+            self._engine.free_request(request)
         return result
 
     def _hand_out(self, result, deliveries):
@@ -244,21 +246,16 @@ class EngineThread:
                 if token >= 0:
                     num_generated += 1
                     deliveries.add(request, token)
-                self._retire(request, Finish("completed", reason_name(code)), deliveries)
+                deliveries.add(request, Finish("completed", reason_name(code)))
             elif token >= 0 and not request.status.is_finished:
                 num_generated += 1
                 deliveries.add(request, token)
         self._metrics.generation_tokens.inc(num_generated)
 
-    def _settle_in_flight(self):
-        result = self._in_flight
-        self._in_flight = None
-        if result is None:
-            return
-        try:
-            self.scheduler.complete(result)
-        except GlmrtError as exc:
-            log.error("the last engine step failed while stopping: %s", exc)
+    def _settle_in_flight(self, deliveries):
+        completed = self._complete_safely(deliveries)
+        if completed is not None:
+            self._hand_out(completed, deliveries)
 
     def _fail_running(self, exc, deliveries):
         batch = list(self.scheduler.running)
@@ -268,8 +265,9 @@ class EngineThread:
                 self._retire(request, finish_for_engine_error(exc), deliveries)
 
     def _end_all(self, finish):
-        self._settle_in_flight()
         deliveries = Deliveries()
+        if self.scheduler is not None:
+            self._settle_in_flight(deliveries)
         with self._cond:
             leftovers = list(self._inbox)
             self._inbox.clear()

@@ -28,6 +28,7 @@ class StepResult:
     admitted: list = field(default_factory=list)
     preempted: list = field(default_factory=list)
     failed: list = field(default_factory=list)
+    finished_requests: list = field(default_factory=list)
     launched_at: float = 0.0
 
     @property
@@ -183,4 +184,6 @@ class Scheduler:
         reason_name = native.finish_reason_name
         for index, code in enumerate(result.finish_codes):
             if code:
-                self.finish(result.batch[index].request_id, FINISH_REASON_TO_STATUS[reason_name(code)])
+                request = result.batch[index]
+                self.finish(request.request_id, FINISH_REASON_TO_STATUS[reason_name(code)])
+                result.finished_requests.append(request)
