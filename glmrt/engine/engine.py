@@ -266,7 +266,10 @@ class Engine:
         if len(requests) > self.max_batch:
             raise GlmrtError(native.STATUS_INVALID_ARGUMENT,
                              f"batch of {len(requests)} exceeds max_batch {self.max_batch}")
-        self._requests_in[:len(requests)] = [self._live_handle(request) for request in requests]
+        handles = [request.handle for request in requests]
+        if None in handles:
+            raise GlmrtError(native.STATUS_INVALID_ARGUMENT, "request was already freed")
+        self._requests_in[:len(requests)] = handles
         return len(requests)
 
     def plan_step(self, requests):

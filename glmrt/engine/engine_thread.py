@@ -232,12 +232,13 @@ class EngineThread:
         except GlmrtError as exc:
             self._fail_running(exc, deliveries)
             return None
-        self._metrics.step_duration.observe(time.perf_counter() - result.launched_at)
+        result.completed_at = time.perf_counter()
         for request in result.finished_requests:
             self._engine.free_request(request)
         return result
 
     def _hand_out(self, result, deliveries):
+        self._metrics.step_duration.observe(result.completed_at - result.launched_at)
         self._metrics.step_batch_size.observe(len(result.batch))
         reason_name = native.finish_reason_name
         num_generated = 0

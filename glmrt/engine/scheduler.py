@@ -30,6 +30,7 @@ class StepResult:
     failed: list = field(default_factory=list)
     finished_requests: list = field(default_factory=list)
     launched_at: float = 0.0
+    completed_at: float = 0.0
 
     @property
     def outputs(self):
@@ -123,14 +124,19 @@ class Scheduler:
         return victim
 
     def admit(self, result):
+        counts = None
         while self.waiting:
-            counts = self.running_by_owner()
+            if counts is None:
+                counts = self.running_by_owner()
             request = self.next_candidate(counts)
             if request in result.preempted:
                 return
-            if len(self.running) >= self.policy.max_running and not self.make_room_for(request, result, counts):
-                return
-            candidate = sorted(self.running + [request], key=by_arrival)
+            if len(self.running) >= self.policy.max_running:
+                if not self.make_room_for(request, result, counts):
+                    return
+                counts = self.running_by_owner()
+            candidate = list(self.running)
+            bisect.insort(candidate, request, key=by_arrival)
             plan = self.engine.plan_step(candidate)
             if plan.num_scheduled_tokens[candidate.index(request)] == 0:
                 return
@@ -143,6 +149,7 @@ class Scheduler:
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             self.running = candidate
+            counts[request.owner] += 1
             result.admitted.append(request)
 
     def launch(self):
@@ -181,6 +188,8 @@ class Scheduler:
         result.failed.append(self.finish(lone.request_id, RequestStatus.FINISHED_FAILED))
 
     def retire_finished(self, result):
+        if not any(result.finish_codes):
+            return
         reason_name = native.finish_reason_name
         for index, code in enumerate(result.finish_codes):
             if code:
