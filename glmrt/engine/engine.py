@@ -230,8 +230,10 @@ class Engine:
     def free_request(self, request):
         if request.is_freed or self.closed:
             return
-        self._check(self._lib.glmrt_request_free(self._handle, request.handle))
-        request.handle = None
+        status = self._lib.glmrt_request_free(self._handle, request.handle)
+        if status != native.STATUS_INVALID_ARGUMENT:
+            request.handle = None
+        self._check(status)
 
     def preempt_request(self, request):
         self._require_open()

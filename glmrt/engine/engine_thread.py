@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from glmrt.engine import native
 from glmrt.engine.errors import GlmrtError
 from glmrt.engine.request import RequestStatus
-from glmrt.engine.scheduler import Scheduler, SchedulerPolicy
+from glmrt.engine.scheduler import Scheduler, SchedulerPolicy, StepResult
 
 log = logging.getLogger("glmrt.engine.engine_thread")
 
@@ -208,19 +208,18 @@ class EngineThread:
         deliveries.add(request, finish)
 
     def _launch_safely(self, deliveries):
-        launched_at = time.perf_counter()
+        result = StepResult(launched_at=time.perf_counter())
         try:
-            result = self.scheduler.launch()
+            self.scheduler.launch(result)
         except GlmrtError as exc:
+            result.batch = []
             self._fail_running(exc, deliveries)
-            return
+        if result.batch:
+            self._in_flight = result
         for request in result.failed:
             self._retire(request, Finish("failed", error_code="kv_cache_too_small",
                                          message="the KV cache pool cannot hold this request"), deliveries)
         self._metrics.num_preemptions.inc(len(result.preempted))
-        if result.batch:
-            result.launched_at = launched_at
-            self._in_flight = result
 
     def _complete_safely(self, deliveries):
         result = self._in_flight

@@ -152,8 +152,8 @@ class Scheduler:
             counts[request.owner] += 1
             result.admitted.append(request)
 
-    def launch(self):
-        result = StepResult()
+    def launch(self, result=None):
+        result = StepResult() if result is None else result
         self.admit(result)
         while self.running:
             batch = list(self.running)
