@@ -10,6 +10,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench.serve_ceiling import write_tiny_model
 from glmrt.engine.engine import Engine, SamplingParams
 from glmrt.engine.engine_thread import EngineThread, Finish
 from glmrt.engine.request import Request
@@ -59,12 +60,6 @@ class StepClock:
     def remove(self):
         Engine.launch = self.launch
         Engine.complete = self.complete
-
-
-def write_tiny_model(parent):
-    from bench.serve_ceiling import write_tiny_model as write
-
-    return write(Path(parent) / "tiny")
 
 
 async def closed_loop_stream(thread, loop, args, index, counts):
@@ -127,7 +122,7 @@ async def measure(args, model_dir):
 def main(argv=None):
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        result = asyncio.run(measure(args, write_tiny_model(work)))
+        result = asyncio.run(measure(args, write_tiny_model(Path(work) / "tiny")))
     print(f"{args.streams} streams, prompts of {args.prompt_len}, {args.gen_len} generated, backend {args.backend}: "
           f"{result['steps']} steps in {result['seconds']:.1f} s, {result['tokens_per_s']:.0f} tokens/s, "
           f"{result['finished_per_step']:.2f} requests finished a step; completion to next launch: median "

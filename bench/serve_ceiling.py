@@ -229,9 +229,9 @@ def engine_workload(model_dir, args):
                 steps += 1
                 busy += step_seconds
                 batch_sum += len(result.batch)
-                tokens += sum(1 for output in result.outputs if output.token is not None)
-                for output in result.finished:
-                    streams.replace(output.request)
+                tokens += sum(1 for token in result.tokens if token >= 0)
+                for request in result.finished_requests:
+                    streams.replace(request)
             elapsed = time.perf_counter() - started
         finally:
             streams.retire_all()

@@ -44,6 +44,23 @@ def run_to_completion(engine, requests, step_limit=10_000):
     return [outputs[id(request)] for request in requests]
 
 
+def step_rows_until_done(engine, requests, run_step):
+    produced = []
+    active = list(requests)
+    while active:
+        tokens, codes = run_step(engine, active)
+        produced.append((list(tokens), list(codes)))
+        active = [request for request, code in zip(active, codes) if code == 0]
+    return produced
+
+
+def launch_then_complete(engine, requests, between_steps=None):
+    engine.launch(requests)
+    if between_steps is not None:
+        between_steps(engine)
+    return engine.complete()
+
+
 def prompt_of_length(length, vocab_size, seed):
     import numpy as np
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_support import build_test_model, cuda_device_count, cuda_ready, greedy, prompt_of_length, run_to_completion
+from engine_support import (build_test_model, cuda_device_count, cuda_ready, greedy, launch_then_complete,
+                            prompt_of_length, run_to_completion, step_rows_until_done)
 
 from glmrt.engine.engine import Engine, SamplingParams
 from glmrt.engine.errors import GlmrtError
@@ -232,34 +233,15 @@ def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
             assert stats.kv_pages_free == stats.kv_pages_total
 
 
-def launched_tokens(engine, prompts, steps):
+def reads_stats_in_flight(engine):
+    assert engine.stats().live_requests >= 1
+
+
+def sampled_rows(engine, prompts, steps, run_step):
     requests = [engine.create_request(prompt, SamplingParams(temperature=0.8, seed=7 + i, max_new_tokens=steps,
                                                              ignore_eos=True))
                 for i, prompt in enumerate(prompts)]
-    produced = []
-    active = list(requests)
-    while active:
-        engine.launch(active)
-        produced.append(engine.stats().live_requests)
-        tokens, codes = engine.complete()
-        produced.append((list(tokens), list(codes)))
-        active = [request for request, code in zip(active, codes) if code == 0]
-    for request in requests:
-        engine.free_request(request)
-    return produced
-
-
-def synchronous_tokens(engine, prompts, steps):
-    requests = [engine.create_request(prompt, SamplingParams(temperature=0.8, seed=7 + i, max_new_tokens=steps,
-                                                             ignore_eos=True))
-                for i, prompt in enumerate(prompts)]
-    produced = []
-    active = list(requests)
-    while active:
-        produced.append(engine.stats().live_requests)
-        tokens, codes = engine.step(active)
-        produced.append((list(tokens), list(codes)))
-        active = [request for request, code in zip(active, codes) if code == 0]
+    produced = step_rows_until_done(engine, requests, run_step)
     for request in requests:
         engine.free_request(request)
     return produced
@@ -270,7 +252,9 @@ def test_cuda_launch_then_complete_equals_the_synchronous_step_and_counts_device
     with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as first, \
             Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as second:
         prompts = [prompt_of_length(1 + (23 * i) % 70, first.vocab_size, seed=500 + i) for i in range(6)]
-        assert launched_tokens(first, prompts, 12) == synchronous_tokens(second, prompts, 12)
+        launched = sampled_rows(first, prompts, 12,
+                                lambda engine, active: launch_then_complete(engine, active, reads_stats_in_flight))
+        assert launched == sampled_rows(second, prompts, 12, Engine.step)
         for engine in (first, second):
             stats = engine.stats()
             assert stats.kv_pages_free == stats.kv_pages_total

@@ -1,7 +1,10 @@
 import ctypes
 
 import pytest
-from engine_support import build_test_model, greedy, open_engine, prompt_of_length
+from engine_support import (build_test_model, greedy, launch_then_complete, open_engine, prompt_of_length,
+                            step_rows_until_done)
+
+from glmrt.engine.engine import Engine
 
 from glmrt.engine import native
 from glmrt.engine.errors import GlmrtError
@@ -17,31 +20,9 @@ def make_requests(engine, count, max_new_tokens=6):
             for i in range(count)]
 
 
-def drive_synchronously(engine, requests):
-    produced = []
-    active = list(requests)
-    while active:
-        tokens, codes = engine.step(active)
-        produced.append((list(tokens), list(codes)))
-        active = [request for request, code in zip(active, codes) if code == 0]
-    return produced
-
-
-def drive_launched(engine, requests, between_steps):
-    produced = []
-    active = list(requests)
-    while active:
-        engine.launch(active)
-        between_steps(engine)
-        tokens, codes = engine.complete()
-        produced.append((list(tokens), list(codes)))
-        active = [request for request, code in zip(active, codes) if code == 0]
-    return produced
-
-
 def test_launch_then_complete_equals_the_synchronous_step(model_dir):
     with open_engine(model_dir) as engine:
-        expected = drive_synchronously(engine, make_requests(engine, 3))
+        expected = step_rows_until_done(engine, make_requests(engine, 3), Engine.step)
     with open_engine(model_dir) as engine:
         bystander = engine.create_request([9, 8, 7], greedy())
         spare = []
@@ -53,7 +34,9 @@ def test_launch_then_complete_equals_the_synchronous_step(model_dir):
             engine.free_request(spare.pop())
 
         requests = make_requests(engine, 3)
-        assert drive_launched(engine, requests, work_while_in_flight) == expected
+        launched = step_rows_until_done(
+            engine, requests, lambda engine, active: launch_then_complete(engine, active, work_while_in_flight))
+        assert launched == expected
         assert engine.stats().device_forward_ns > 0
         for request in requests + [bystander]:
             engine.free_request(request)

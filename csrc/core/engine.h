@@ -34,7 +34,6 @@ typedef struct glmrt_step_flight {
     int32_t active;
     int32_t num_requests;
     int32_t num_seqs;
-    int32_t want_logits;
     glmrt_step_batch batch;
 } glmrt_step_flight;
 

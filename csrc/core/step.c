@@ -290,9 +290,10 @@ static void write_outputs(glmrt_engine *engine, glmrt_request *const *requests, 
     }
 }
 
-static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requests, int32_t n, int want_logits)
+static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requests, int32_t n, int want_logits,
+                                const char *action)
 {
-    glmrt_status status = glmrt_engine_require_no_flight(engine, "step_launch");
+    glmrt_status status = glmrt_engine_require_no_flight(engine, action);
     if (status == GLMRT_OK) status = glmrt_step_check_batch(engine, requests, n);
     if (status == GLMRT_OK) status = check_step_backend(engine, want_logits);
     if (status != GLMRT_OK) {
@@ -324,9 +325,14 @@ static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requ
     mark_in_flight(engine->scratch.flight_requests, n, 1);
     flight->num_requests = n;
     flight->num_seqs = plan.num_scheduled_requests;
-    flight->want_logits = want_logits;
     flight->active = 1;
     return GLMRT_OK;
+}
+
+static void end_flight(glmrt_engine *engine)
+{
+    mark_in_flight(engine->scratch.flight_requests, engine->flight.num_requests, 0);
+    engine->flight.active = 0;
 }
 
 static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int32_t *out_finish_reasons,
@@ -334,14 +340,13 @@ static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int
 {
     glmrt_step_flight *flight = &engine->flight;
     glmrt_status status = flight->num_seqs > 0 ? finish_forward(engine, flight) : GLMRT_OK;
-    mark_in_flight(engine->scratch.flight_requests, flight->num_requests, 0);
-    flight->active = 0;
+    end_flight(engine);
     if (status != GLMRT_OK) {
         return status;
     }
     commit_step(engine, &flight->batch);
     write_outputs(engine, engine->scratch.flight_requests, flight->num_requests, &flight->batch, out_tokens,
-                  out_finish_reasons, flight->want_logits ? out_logits : NULL);
+                  out_finish_reasons, out_logits);
     return GLMRT_OK;
 }
 
@@ -356,8 +361,7 @@ void glmrt_step_abandon(glmrt_engine *engine)
         engine->backend_ops->complete(engine->backend_state, &device_ns);
         release_step_pages(engine, flight->num_seqs, flight->num_seqs);
     }
-    mark_in_flight(engine->scratch.flight_requests, flight->num_requests, 0);
-    flight->active = 0;
+    end_flight(engine);
 }
 
 glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *requests, int32_t n)
@@ -365,7 +369,7 @@ glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *reque
     if (engine == NULL) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    return launch_step(engine, requests, n, 0);
+    return launch_step(engine, requests, n, 0, "step_launch");
 }
 
 glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
@@ -401,9 +405,8 @@ glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *
     if (engine == NULL) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    glmrt_status status = glmrt_engine_require_no_flight(engine, "run_batch_decode");
-    if (status == GLMRT_OK) status = check_step_outputs(engine, n, out_tokens, out_finish_reasons);
-    if (status == GLMRT_OK) status = launch_step(engine, requests, n, out_logits != NULL);
+    glmrt_status status = check_step_outputs(engine, n, out_tokens, out_finish_reasons);
+    if (status == GLMRT_OK) status = launch_step(engine, requests, n, out_logits != NULL, "run_batch_decode");
     if (status != GLMRT_OK) {
         return status;
     }

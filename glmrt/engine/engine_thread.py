@@ -212,7 +212,6 @@ class EngineThread:
         try:
             self.scheduler.launch(result)
         except GlmrtError as exc:
-            result.batch = []
             self._fail_running(exc, deliveries)
         if result.batch:
             self._in_flight = result
@@ -242,14 +241,11 @@ class EngineThread:
         reason_name = native.finish_reason_name
         num_generated = 0
         for request, token, code in zip(result.batch, result.tokens, result.finish_codes):
-            if code:
-                if token >= 0:
-                    num_generated += 1
-                    deliveries.add(request, token)
-                deliveries.add(request, Finish("completed", reason_name(code)))
-            elif token >= 0 and not request.status.is_finished:
+            if token >= 0 and (code or not request.status.is_finished):
                 num_generated += 1
                 deliveries.add(request, token)
+            if code:
+                deliveries.add(request, Finish("completed", reason_name(code)))
         self._metrics.generation_tokens.inc(num_generated)
 
     def _settle_in_flight(self, deliveries):
