@@ -16,11 +16,11 @@ def model_dir(tmp_path_factory):
     return build_server_test_model(tmp_path_factory.mktemp("engine-thread-model"))
 
 
-async def started_thread(model_dir, **engine_options):
+async def started_thread(model_dir, thread_type=EngineThread, engine_type=Engine, **engine_options):
     settings = dict(OFFLINE_ENGINE)
     settings.update(engine_options)
     metrics = ServerMetrics()
-    thread = EngineThread(lambda: Engine(model_dir, **settings), metrics, max_inbox=16)
+    thread = thread_type(lambda: engine_type(model_dir, **settings), metrics, max_inbox=16)
     loop = asyncio.get_running_loop()
     loaded = loop.create_future()
     stopped = loop.create_future()
@@ -98,6 +98,38 @@ async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_res
     assert samples_of(metrics)["glmrt:engine_loaded"] == 0
     with pytest.raises(EngineUnavailable):
         thread.submit(work([1, 2, 3], SamplingParams(max_new_tokens=2)))
+
+
+class RecordingEngine(Engine):
+    events = []
+
+    def launch(self, requests):
+        super().launch(requests)
+        self.events.append("launch")
+
+    def complete(self):
+        outputs = super().complete()
+        self.events.append("complete")
+        return outputs
+
+
+class RecordingThread(EngineThread):
+    def _hand_out(self, result, deliveries):
+        RecordingEngine.events.append("hand out")
+        super()._hand_out(result, deliveries)
+
+
+async def test_the_next_step_is_launched_before_the_last_steps_tokens_are_handed_out(model_dir):
+    RecordingEngine.events.clear()
+    thread, _, stopped = await started_thread(model_dir, thread_type=RecordingThread, engine_type=RecordingEngine)
+    request = work([5, 17, 300, 42], SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
+    thread.submit(request)
+    tokens, finish = await drain(request.queue)
+    assert len(tokens) == 6 and finish == Finish("completed", "length")
+    thread.stop()
+    await asyncio.wait_for(stopped, 30)
+    events = RecordingEngine.events
+    assert events == ["launch", "complete"] + ["launch", "hand out", "complete"] * 5 + ["hand out"]
 
 
 async def test_engine_refusals_reach_the_request_as_failed_with_a_code(model_dir):
