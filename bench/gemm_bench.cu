@@ -336,7 +336,8 @@ static int glmrt_bench_shape_run(glmrt_bench_context *c, const glmrt_bench_shape
     }
     const int64_t matrix_bytes = (int64_t)shape.rows * shape.cols * (shape.format == GLMRT_CUDA_FORMAT_FP8 ? 1 : 2);
     for (int32_t rows : row_counts) {
-        for (int32_t native = 1; native >= (with_high ? 0 : 1); --native) {
+        const int32_t grouped_prefill = shape.experts > 0 && rows >= 1024;
+        for (int32_t native = 1; native >= (with_high && !grouped_prefill ? 0 : 1); --native) {
             glmrt_bench_run r;
             r.shape = &shape;
             r.copies = &copies;
@@ -356,7 +357,7 @@ static int glmrt_bench_shape_run(glmrt_bench_context *c, const glmrt_bench_shape
                 r.rows = assignments;
                 r.grid_tiles = count;
                 weight_bytes = matrix_bytes * touched;
-                kind = "grouped";
+                kind = grouped_prefill ? "grouped_prefill" : "grouped";
             }
             double seconds = glmrt_bench_time(c, &r, error);
             if (seconds < 0.0) {
@@ -405,7 +406,14 @@ static double glmrt_bench_copy_bandwidth(cudaStream_t stream)
 
 int main(int argc, char **argv)
 {
-    const int32_t with_high = argc > 1 && strcmp(argv[1], "--with-high") == 0;
+    int32_t with_high = 0;
+    const char *only = nullptr;
+    for (int i = 1; i < argc; ++i) {
+        with_high |= strcmp(argv[i], "--with-high") == 0;
+        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            only = argv[++i];
+        }
+    }
     const glmrt_bench_shape dense[] = {
         {"qkv", 14336, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
         {"o_proj", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0},
@@ -429,16 +437,17 @@ int main(int argc, char **argv)
         return 1;
     }
     cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking);
-    c.max_rows = 2048;
+    const int32_t prefill_tokens = 2048;
+    const int32_t max_assignments = prefill_tokens * 8;
+    c.max_rows = max_assignments;
     c.max_cols = 12288;
-    const int32_t max_assignments = 256 * 8;
     const int32_t max_n = 151552;
     c.split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(GLMRT_QGEMM_MAX_SPLITS * 384);
     c.split.num_counters = glmrt_cuda_qgemm_split_counters(24576);
     c.operands = (glmrt_cuda_qgemm_operand *)glmrt_bench_aligned(sizeof(glmrt_cuda_qgemm_operand));
     if (c.operands == nullptr ||
         !glmrt_bench_ok(cudaMalloc(&c.x, (size_t)c.max_rows * c.max_cols * sizeof(float)), "cudaMalloc x") ||
-        !glmrt_bench_ok(cudaMalloc(&c.y, (size_t)std::max(c.max_rows, 256) * max_n * sizeof(float)), "cudaMalloc y") ||
+        !glmrt_bench_ok(cudaMalloc(&c.y, (size_t)std::max((int64_t)prefill_tokens * max_n, (int64_t)max_assignments * 5120) * sizeof(float)), "cudaMalloc y") ||
         !glmrt_bench_ok(cudaMalloc(&c.scales, (size_t)max_n * 160 * sizeof(float)), "cudaMalloc scales") ||
         !glmrt_bench_ok(cudaMalloc(&c.activations, (size_t)c.max_rows * c.max_cols * 2), "cudaMalloc activations") ||
         !glmrt_bench_ok(cudaMalloc(&c.activation_scales, (size_t)c.max_rows * sizeof(float)), "cudaMalloc scales") ||
@@ -460,16 +469,23 @@ int main(int argc, char **argv)
     const std::vector<int32_t> decode_rows = {1, 8, 16, 32, 64};
     const std::vector<int32_t> prefill_rows = {2048};
     for (const glmrt_bench_shape &shape : dense) {
-        if (!glmrt_bench_shape_run(&c, shape, decode_rows, with_high, &error)) {
+        if (only != nullptr && strcmp(only, shape.name) != 0) {
+            continue;
+        }
+        if (!glmrt_bench_shape_run(&c, shape, only != nullptr ? prefill_rows : decode_rows, with_high, &error)) {
             return 1;
         }
         if (shape.format == GLMRT_CUDA_FORMAT_FP8 && !glmrt_bench_shape_run(&c, shape, prefill_rows, with_high, &error)) {
             return 1;
         }
     }
-    const std::vector<int32_t> expert_tokens = {256};
+    const std::vector<int32_t> expert_tokens = {256, prefill_tokens};
     for (const glmrt_bench_shape &shape : experts) {
-        if (!glmrt_bench_shape_run(&c, shape, expert_tokens, with_high, &error)) {
+        if (only != nullptr && strcmp(only, shape.name) != 0) {
+            continue;
+        }
+        const std::vector<int32_t> prefill_experts = {prefill_tokens};
+        if (!glmrt_bench_shape_run(&c, shape, only != nullptr ? prefill_experts : expert_tokens, with_high, &error)) {
             return 1;
         }
     }

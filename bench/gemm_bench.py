@@ -84,7 +84,7 @@ def table_rows(records, kind, bandwidth, fp8_rate):
                 cells += ["", "", ""]
                 continue
             seconds = record["seconds"]
-            if kind == "prefill":
+            if kind in ("prefill", "grouped_prefill"):
                 rate = record["flops"] / seconds
                 cells += [f"{seconds * 1e6:.1f}", f"{rate * 1e-12:.0f}", f"{100 * rate / fp8_rate:.1f}%"]
             else:
@@ -111,7 +111,9 @@ def main(argv):
     for kind, title, units in (("decode", "Decode shapes: weight bytes over kernel time", ("GB/s", "of copy")),
                                ("grouped", "Grouped experts, 256 tokens x top-8 over 160 experts: touched experts' "
                                            "bytes over kernel time", ("GB/s", "of copy")),
-                               ("prefill", "Prefill shapes at 2048 rows", ("TFLOP/s", "of FP8 rate"))):
+                               ("prefill", "Prefill shapes at 2048 rows", ("TFLOP/s", "of FP8 rate")),
+                               ("grouped_prefill", "Grouped experts, 2048 tokens x top-8 over 160 experts (a prefill "
+                                                   "step)", ("TFLOP/s", "of FP8 rate"))):
         print()
         print(title)
         print(header.format(*units))

@@ -27,7 +27,9 @@ def parse_args(argv):
     parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"))
     parser.add_argument("--launches", default="",
-                        help="kernels whose name holds this text: list each launch of one step in order, with its time")
+                        help="comma-separated parts of kernel names: list each launch of one step in order, with its time")
+    parser.add_argument("--prefill-prompts", type=int, default=0,
+                        help="also profile the prefill of this many fresh prompts of --context tokens")
     parser.add_argument("--json", help="write the tables to this file")
     return parser.parse_args(argv)
 
@@ -49,11 +51,15 @@ def kernel_events(profiler):
     return events
 
 
-def launch_sequence(events, name_part, steps):
-    chosen = sorted((event for event in events if name_part in short_name(event.name)),
-                    key=lambda event: event.time_range.start)
-    per_step = len(chosen) // steps if steps else 0
-    return [dict(name=short_name(event.name), us=event.device_time_total) for event in chosen[:per_step]]
+def launch_sequence(events, name_parts, steps):
+    sequences = {}
+    for name_part in (part for part in name_parts.split(",") if part):
+        chosen = sorted((event for event in events if name_part in short_name(event.name)),
+                        key=lambda event: event.time_range.start)
+        per_step = len(chosen) // steps if steps else 0
+        sequences[name_part] = [dict(name=short_name(event.name), us=event.device_time_total)
+                                for event in chosen[:per_step]]
+    return sequences
 
 
 def profile_batch(torch, engine, requests, steps, launches_of=""):
@@ -69,7 +75,7 @@ def profile_batch(torch, engine, requests, steps, launches_of=""):
         wall = time.perf_counter() - start
     per_kernel = defaultdict(lambda: [0, 0.0])
     events = kernel_events(profiler)
-    sequence = launch_sequence(events, launches_of, steps) if launches_of else []
+    sequence = launch_sequence(events, launches_of, steps)
     for event in events:
         entry = per_kernel[short_name(event.name)]
         entry[0] += 1
@@ -82,6 +88,40 @@ def profile_batch(torch, engine, requests, steps, launches_of=""):
                 kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
 
 
+def profile_prefill(torch, engine, prompts, params, launches_of=""):
+    from torch.profiler import ProfilerActivity, profile
+
+    requests = [engine.create_request(prompt, params) for prompt in prompts]
+    steps = 0
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        start = time.perf_counter()
+        pending = list(requests)
+        while pending:
+            step_tokens, _ = engine.step(pending)
+            steps += 1
+            pending = [request for request, token in zip(pending, step_tokens) if token < 0]
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    for request in requests:
+        engine.free_request(request)
+    per_kernel = defaultdict(lambda: [0, 0.0])
+    events = kernel_events(profiler)
+    sequence = launch_sequence(events, launches_of, steps)
+    for event in events:
+        entry = per_kernel[short_name(event.name)]
+        entry[0] += 1
+        entry[1] += event.device_time_total
+    gpu_us = sum(entry[1] for entry in per_kernel.values()) / steps
+    launches = sum(entry[0] for entry in per_kernel.values()) / steps
+    kernels = sorted(((name, count / steps, total / steps) for name, (count, total) in per_kernel.items()),
+                     key=lambda row: -row[2])
+    tokens = sum(len(prompt) for prompt in prompts)
+    return dict(batch=f"prefill of {len(prompts)} prompts, {tokens} tokens in {steps} steps",
+                wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
+                kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
+
+
 def print_batch(row, top, layers):
     wall, gpu = row["wall_us"], row["gpu_us"]
     print(f"\nbatch {row['batch']}: step {wall:.0f} us wall, kernels {gpu:.0f} us ({100 * gpu / wall:.1f}% of the "
@@ -91,8 +131,8 @@ def print_batch(row, top, layers):
     for kernel in row["kernels"][:top]:
         print(f"| {kernel['name']} | {kernel['per_step']:.0f} | {kernel['us']:.1f} | "
               f"{100 * kernel['us'] / gpu:.1f}% |")
-    if row["sequence"]:
-        print("launches of one step in order: " + ", ".join(f"{launch['us']:.1f}" for launch in row["sequence"]))
+    for name_part, launches in row["sequence"].items():
+        print(f"{name_part} launches of one step in order: " + ", ".join(f"{launch['us']:.1f}" for launch in launches))
 
 
 def main(argv):
@@ -104,7 +144,7 @@ def main(argv):
     model_dir, config = write_model_dir(dense + args.moe_layers)
     largest = max(batches)
     new_tokens = len(batches) * (args.steps + 2) + 4
-    pages = largest * -(-(args.context + new_tokens + 1) // PAGE_SIZE) + 16
+    pages = max(largest, args.prefill_prompts) * -(-(args.context + new_tokens + 1) // PAGE_SIZE) + 16
     engine = Engine(model_dir, backend="cuda", random_weights=True, max_batch=largest,
                     max_tokens_per_step=max(2048, largest), kv_page_size=PAGE_SIZE, kv_num_pages=pages,
                     matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs)
@@ -117,6 +157,13 @@ def main(argv):
     print(f"{info.device_name}, {config['num_hidden_layers']} layers ({args.moe_layers} MoE), "
           f"{info.num_decode_graphs} decode graphs, matmul precision {args.matmul_precision}")
     rows = [profile_batch(torch, engine, requests[:batch], args.steps, args.launches) for batch in batches]
+    if args.prefill_prompts:
+        for request in requests:
+            engine.free_request(request)
+        requests = []
+        prompts = [random_prompt(rng, args.context, config["vocab_size"]) for _ in range(args.prefill_prompts)]
+        prefill_params = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
+        rows.append(profile_prefill(torch, engine, prompts, prefill_params, args.launches))
     for row in rows:
         print_batch(row, args.top, config["num_hidden_layers"])
     for request in requests:

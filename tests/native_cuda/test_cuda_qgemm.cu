@@ -294,7 +294,7 @@ static double glmrt_qtest_compare(const glmrt_host_matrix &h, int32_t group, int
 static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
                               int32_t cols, int32_t allow_split)
 {
-    std::vector<int32_t> parts = {96, 40, 40};
+    std::vector<int32_t> parts = {96, 40, 40, 336};
     glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
     uint8_t *d_data;
     float *d_scale;

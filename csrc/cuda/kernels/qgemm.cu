@@ -100,6 +100,8 @@ glmrt_status glmrt_cuda_qgemm_weight_prepare(const glmrt_cuda_matrix *w, int32_t
     const int64_t groups = w->num_groups > 1 ? w->num_groups : 1;
     GLMRT_TRY(glmrt_cuda_tensor_map_rows(&out->map, out->kind, w->data, w->cols, groups * w->rows,
                                          GLMRT_QGEMM_WEIGHT_TILE_ROWS, "weights", error));
+    GLMRT_TRY(glmrt_cuda_tensor_map_rows(&out->pair_map, out->kind, w->data, w->cols, groups * w->rows,
+                                         2 * GLMRT_QGEMM_WEIGHT_TILE_ROWS, "weights", error));
     out->k_blocks = glmrt_ceil_div(w->cols * glmrt_operand_bytes(out->kind), GLMRT_TENSOR_MAP_ROW_BYTES);
     out->weight_tiles = glmrt_ceil_div(w->rows, GLMRT_QGEMM_WEIGHT_TILE_ROWS);
     out->num_sms = num_sms > 0 ? num_sms : 1;
@@ -123,8 +125,11 @@ glmrt_status glmrt_cuda_qgemm_operand_prepare(glmrt_cuda_qgemm_operand *operand,
     if (kind == GLMRT_OPERAND_FP8 && scales == nullptr) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "FP8 activations for %s need a scale buffer", what);
     }
-    return glmrt_cuda_tensor_map_rows(&operand->map, kind, data, cols, capacity_rows,
-                                      GLMRT_QGEMM_ACTIVATION_BOX_ROWS, what, error);
+    for (int32_t width = 0; width < GLMRT_QGEMM_TILE_WIDTHS; ++width) {
+        GLMRT_TRY(glmrt_cuda_tensor_map_rows(&operand->map[width], kind, data, cols, capacity_rows,
+                                             GLMRT_QGEMM_ACTIVATION_BOX_ROWS << width, what, error));
+    }
+    return GLMRT_OK;
 }
 
 static glmrt_status glmrt_qgemm_check(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_weight *q,
@@ -205,13 +210,19 @@ glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt
     p.split_units = split_units ? 1 : 0;
     p.accumulate = call->accumulate;
     const int32_t fold = !split_units && splits ? 1 : 0;
+    int32_t width = 0;
+    while ((GLMRT_QGEMM_ACTIVATION_BOX_ROWS << width) < bn) {
+        ++width;
+    }
+    const CUtensorMap *x_map = &call->x->map[width];
+    const CUtensorMap *w_map = consumers == 2 ? &q->pair_map : &q->map;
     if (q->kind == GLMRT_OPERAND_BF16) {
-        return glmrt_qgemm_launch_bf16(bn, fold, &q->map, &call->x->map, &p, grid_limit, q->num_sms, stream, error);
+        return glmrt_qgemm_launch_bf16(bn, fold, w_map, x_map, &p, grid_limit, q->num_sms, stream, error);
     }
     if (w->scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
-        return glmrt_qgemm_launch_fp8_channel(bn, fold, &q->map, &call->x->map, &p, grid_limit, q->num_sms, stream,
+        return glmrt_qgemm_launch_fp8_channel(bn, fold, w_map, x_map, &p, grid_limit, q->num_sms, stream,
                                               error);
     }
-    return glmrt_qgemm_launch_fp8_block(q->promote_steps, bn, fold, &q->map, &call->x->map, &p, grid_limit, q->num_sms,
+    return glmrt_qgemm_launch_fp8_block(q->promote_steps, bn, fold, w_map, x_map, &p, grid_limit, q->num_sms,
                                         stream, error);
 }

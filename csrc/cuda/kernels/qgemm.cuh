@@ -9,6 +9,7 @@
 
 #define GLMRT_QGEMM_WEIGHT_TILE_ROWS 64
 #define GLMRT_QGEMM_ACTIVATION_BOX_ROWS 8
+#define GLMRT_QGEMM_TILE_WIDTHS 5
 #define GLMRT_QGEMM_MAX_TILE_ROWS 128
 #define GLMRT_QGEMM_SPLIT_MAX_ROWS 64
 #define GLMRT_QGEMM_MAX_SPLITS 4
@@ -18,6 +19,7 @@
 
 typedef struct glmrt_cuda_qgemm_weight {
     CUtensorMap map;
+    CUtensorMap pair_map;
     int32_t kind;
     int32_t k_blocks;
     int32_t weight_tiles;
@@ -28,7 +30,7 @@ typedef struct glmrt_cuda_qgemm_weight {
 } glmrt_cuda_qgemm_weight;
 
 typedef struct glmrt_cuda_qgemm_operand {
-    CUtensorMap map;
+    CUtensorMap map[GLMRT_QGEMM_TILE_WIDTHS];
     uint8_t *data;
     float *scales;
     int32_t kind;

@@ -43,7 +43,8 @@ struct glmrt_qgemm_shape {
     static constexpr bool raise = consumers == 2;
     static constexpr int min_blocks = consumers == 1 ? 2 : 1;
     static constexpr int weight_tile_bytes = GLMRT_QGEMM_WEIGHT_TILE_ROWS * GLMRT_TENSOR_MAP_ROW_BYTES;
-    static constexpr int box_bytes = GLMRT_QGEMM_ACTIVATION_BOX_ROWS * GLMRT_TENSOR_MAP_ROW_BYTES;
+    static constexpr int box_rows = BN;
+    static constexpr int box_bytes = box_rows * GLMRT_TENSOR_MAP_ROW_BYTES;
     static constexpr int a_bytes = consumers * weight_tile_bytes;
     static constexpr int b_bytes = BN * GLMRT_TENSOR_MAP_ROW_BYTES;
     static constexpr int stage_bytes = a_bytes + b_bytes;
@@ -56,7 +57,7 @@ struct glmrt_qgemm_shape {
     static constexpr int acc = BN / 2;
     static constexpr bool promoted = KIND == GLMRT_OPERAND_FP8;
     static constexpr int promotions = promoted ? GLMRT_QGEMM_K_STEPS / PROMOTE : 1;
-    static_assert(BN % GLMRT_QGEMM_ACTIVATION_BOX_ROWS == 0, "token tiles are whole TMA boxes");
+    static_assert(BN % box_rows == 0, "token tiles are whole TMA boxes");
     static_assert(stages >= 2, "the pipeline needs two stages");
     static_assert(GLMRT_QGEMM_K_STEPS % PROMOTE == 0, "promotion steps divide a k block");
 };
@@ -84,12 +85,15 @@ typedef struct glmrt_qgemm_walk {
     int32_t end;
     int32_t step;
     int32_t token_tiles;
+    int32_t cta_tiles;
 } glmrt_qgemm_walk;
 
-__device__ __forceinline__ glmrt_qgemm_walk glmrt_qgemm_walk_begin(const glmrt_qgemm_params &p, int32_t units)
+__device__ __forceinline__ glmrt_qgemm_walk glmrt_qgemm_walk_begin(const glmrt_qgemm_params &p, int32_t units,
+                                                                   int consumers)
 {
     glmrt_qgemm_walk walk;
     walk.token_tiles = p.tiles != nullptr ? *p.num_tiles : p.token_tiles;
+    walk.cta_tiles = (p.weight_tiles + consumers - 1) / consumers;
     walk.next = (int32_t)blockIdx.x;
     walk.end = p.split_units ? (int32_t)blockIdx.x + 1 : units;
     walk.step = (int32_t)gridDim.x;
@@ -109,6 +113,12 @@ __device__ __forceinline__ bool glmrt_qgemm_walk_next(const glmrt_qgemm_params &
         segment->split = split;
         segment->k_begin = split * p.split_k_blocks;
         segment->k_end = min(p.k_blocks, segment->k_begin + p.split_k_blocks);
+    } else if (p.tiles != nullptr) {
+        segment->token_tile = walk->next / walk->cta_tiles;
+        segment->tile = walk->next % walk->cta_tiles;
+        segment->split = 0;
+        segment->k_begin = 0;
+        segment->k_end = p.k_blocks;
     } else {
         segment->token_tile = walk->next % walk->token_tiles;
         segment->tile = walk->next / walk->token_tiles;
@@ -154,7 +164,7 @@ __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, co
                                                     const glmrt_qgemm_params &p, int32_t units, uint8_t *tiles,
                                                     uint64_t *full, uint64_t *empty)
 {
-    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units);
+    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, SHAPE::consumers);
     glmrt_qgemm_segment segment;
     int stage = 0;
     uint32_t phase = 0;
@@ -169,15 +179,11 @@ __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, co
             uint8_t *at = tiles + stage * SHAPE::stage_bytes;
             glmrt_mbarrier_expect_bytes(&full[stage], SHAPE::stage_bytes);
             const int32_t inner = kb * glmrt_operand_block_elements(KIND);
-#pragma unroll
-            for (int c = 0; c < SHAPE::consumers; ++c) {
-                glmrt_tma_load_2d(at + c * SHAPE::weight_tile_bytes, w_map, &full[stage], inner,
-                                  w_outer + c * GLMRT_QGEMM_WEIGHT_TILE_ROWS);
-            }
+            glmrt_tma_load_2d(at, w_map, &full[stage], inner, w_outer);
 #pragma unroll
             for (int j = 0; j < SHAPE::b_bytes / SHAPE::box_bytes; ++j) {
                 glmrt_tma_load_2d(at + SHAPE::a_bytes + j * SHAPE::box_bytes, x_map, &full[stage], inner,
-                                  row_begin + j * GLMRT_QGEMM_ACTIVATION_BOX_ROWS);
+                                  row_begin + j * SHAPE::box_rows);
             }
             if (++stage == SHAPE::stages) {
                 stage = 0;
@@ -349,7 +355,7 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
     for (int i = 0; i < (shape::promoted ? shape::acc : 1); ++i) {
         part[i] = 0.0f;
     }
-    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units);
+    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, shape::consumers);
     glmrt_qgemm_segment segment;
     int stage = 0;
     uint32_t phase = 0;
