@@ -397,6 +397,8 @@ int main(void)
     }
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 77);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 20, 1056, 13);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 301);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 37, 1056, 1100);
     glmrt_check_sampler(&report, &rng, 2048, 96);
     glmrt_check_sampler(&report, &rng, 151552, 40);
     return glmrt_test_finish("test_cuda_moe_sampling", &report);

@@ -212,6 +212,39 @@ static long glmrt_qtest_check_quantized(int32_t kind, const glmrt_qtest_rows &ro
     return mismatches;
 }
 
+static long glmrt_qtest_gather_rounded(int32_t kind, const float *d_act, int32_t rows, const int32_t *d_gather,
+                                       int32_t gathered, int32_t width, const std::vector<uint8_t> &expected,
+                                       const std::vector<float> &expected_scales, glmrt_status *status,
+                                       glmrt_error *error)
+{
+    glmrt_qtest_operand *whole = glmrt_qtest_operand_new(kind, width, rows, error, status);
+    glmrt_qtest_operand *copied = glmrt_qtest_operand_new(kind, width, gathered, error, status);
+    if (*status == GLMRT_OK) {
+        *status = glmrt_qtest_quantize(d_act, width, nullptr, GLMRT_ACTIVATION_COPY, rows, &whole->operand, error);
+    }
+    if (*status == GLMRT_OK) {
+        glmrt_cuda_operand_gather_args args;
+        args.source = &whole->operand;
+        args.source_rows = d_gather;
+        args.num_rows = gathered;
+        args.device_rows = nullptr;
+        args.out = &copied->operand;
+        *status = glmrt_cuda_operand_gather(&args, 0, error);
+    }
+    long mismatches = 0;
+    if (*status == GLMRT_OK) {
+        std::vector<uint8_t> q = glmrt_test_download(copied->data, (size_t)gathered * width * glmrt_operand_bytes(kind));
+        mismatches += memcmp(q.data(), expected.data(), q.size()) != 0;
+        if (kind == GLMRT_OPERAND_FP8) {
+            std::vector<float> s = glmrt_test_download(copied->scales, (size_t)gathered);
+            mismatches += memcmp(s.data(), expected_scales.data(), s.size() * 4) != 0;
+        }
+    }
+    glmrt_qtest_operand_free(whole);
+    glmrt_qtest_operand_free(copied);
+    return *status == GLMRT_OK ? mismatches : 1;
+}
+
 static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng, int32_t rows, int32_t gathered)
 {
     const int32_t width = 1040;
@@ -253,6 +286,14 @@ static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *r
         q = glmrt_test_download(o->data, gather.size() * width * glmrt_operand_bytes(kind));
         s = glmrt_test_download(o->scales, gather.size());
         mismatches += glmrt_qtest_check_quantized(kind, act_rows, gather, q, s, width);
+        long copy_mismatches = glmrt_qtest_gather_rounded(kind, d_act, rows, d_gather, (int32_t)gather.size(), width,
+                                                          q, s, &status, &error);
+        char gathered_what[200];
+        snprintf(gathered_what, sizeof(gathered_what),
+                 "%s rows rounded once and gathered equal the gathered rounding bit for bit, %d rows",
+                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16", gathered);
+        glmrt_test_expect(report, status == GLMRT_OK && copy_mismatches == 0, gathered_what, (double)copy_mismatches,
+                          0);
         char what[160];
         snprintf(what, sizeof(what), "%s activations (SiLU-mul fused and gathered rows), %d and %d rows, equal the CPU rule",
                  kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16", rows, gathered);

@@ -117,3 +117,58 @@ glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *ar
     }
     return glmrt_activation_launch<GLMRT_ACTIVATION_COPY>(args, stream, error);
 }
+
+#define GLMRT_GATHER_THREADS 128
+
+__global__ void __launch_bounds__(GLMRT_GATHER_THREADS)
+    glmrt_operand_gather_kernel(const uint8_t *source, const float *source_scales, const int32_t *source_rows,
+                                int32_t num_rows, const int32_t *device_rows, uint8_t *out, float *out_scales,
+                                int64_t row_bytes)
+{
+    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
+    const int32_t r = (int32_t)blockIdx.x;
+    if (r >= rows) {
+        return;
+    }
+    const int64_t from = source_rows[r];
+    const uint4 *in = reinterpret_cast<const uint4 *>(source + from * row_bytes);
+    uint4 *to = reinterpret_cast<uint4 *>(out + (int64_t)r * row_bytes);
+    const int32_t chunks = (int32_t)(row_bytes / 16);
+    for (int32_t i = (int32_t)threadIdx.x; i < chunks; i += GLMRT_GATHER_THREADS) {
+        to[i] = __ldg(in + i);
+    }
+    if (threadIdx.x == 0 && out_scales != nullptr) {
+        out_scales[r] = source_scales[from];
+    }
+}
+
+int glmrt_cuda_operand_gather_supported(const glmrt_cuda_qgemm_operand *source, const glmrt_cuda_qgemm_operand *out)
+{
+    return source != nullptr && out != nullptr && source->kind == out->kind && source->cols == out->cols &&
+           ((int64_t)source->cols * glmrt_operand_bytes(source->kind)) % 16 == 0 &&
+           ((uintptr_t)source->data & 15u) == 0 && ((uintptr_t)out->data & 15u) == 0;
+}
+
+glmrt_status glmrt_cuda_operand_gather(const glmrt_cuda_operand_gather_args *args, cudaStream_t stream,
+                                       glmrt_error *error)
+{
+    if (args->num_rows <= 0) {
+        return GLMRT_OK;
+    }
+    const glmrt_cuda_qgemm_operand *source = args->source;
+    const glmrt_cuda_qgemm_operand *out = args->out;
+    if (!glmrt_cuda_operand_gather_supported(source, out) || args->num_rows > out->capacity_rows ||
+        args->source_rows == nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "gathering %d rounded rows needs two operands of one kind and width with 16-byte rows, "
+                               "room for the rows and their source indices",
+                               args->num_rows);
+    }
+    const int64_t row_bytes = (int64_t)source->cols * glmrt_operand_bytes(source->kind);
+    const bool scaled = source->kind == GLMRT_OPERAND_FP8;
+    glmrt_operand_gather_kernel<<<args->num_rows, GLMRT_GATHER_THREADS, 0, stream>>>(
+        source->data, scaled ? source->scales : nullptr, args->source_rows, args->num_rows, args->device_rows,
+        out->data, scaled ? out->scales : nullptr, row_bytes);
+    GLMRT_CUDA_LAUNCHED(error, "glmrt_operand_gather_kernel");
+    return GLMRT_OK;
+}

@@ -79,4 +79,16 @@ __device__ __forceinline__ void glmrt_operand_store4(uint8_t *data, int32_t cols
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,
                                             glmrt_error *error);
 
+typedef struct glmrt_cuda_operand_gather_args {
+    const glmrt_cuda_qgemm_operand *source;
+    const int32_t *source_rows;
+    int32_t num_rows;
+    const int32_t *device_rows;
+    const glmrt_cuda_qgemm_operand *out;
+} glmrt_cuda_operand_gather_args;
+
+int glmrt_cuda_operand_gather_supported(const glmrt_cuda_qgemm_operand *source, const glmrt_cuda_qgemm_operand *out);
+glmrt_status glmrt_cuda_operand_gather(const glmrt_cuda_operand_gather_args *args, cudaStream_t stream,
+                                       glmrt_error *error);
+
 #endif

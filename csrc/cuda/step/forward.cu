@@ -261,9 +261,22 @@ static glmrt_status glmrt_layer_experts_native(glmrt_step_context *step, const g
     glmrt_cuda_workspace *ws = &st->ws;
     glmrt_cuda_matmuls *m = st->matmuls;
     int32_t assignments = step->counts->num_tokens * d->top_k;
+    const int rows_rounded = layer->has_shared && layer->shared_gate_up.qgemm != nullptr &&
+                             glmrt_cuda_operand_gather_supported(glmrt_step_operand(step, &glmrt_cuda_matmuls::rows),
+                                                                 &m->expert_in);
     const int32_t *num_sorted = ws->moe_counters + 1;
-    GLMRT_TRY(glmrt_step_quantize(step, &m->expert_in, ws->normed, d->hidden, ws->sorted_token, GLMRT_ACTIVATION_COPY,
-                                  assignments, num_sorted));
+    if (rows_rounded) {
+        glmrt_cuda_operand_gather_args gather;
+        gather.source = glmrt_step_operand(step, &glmrt_cuda_matmuls::rows);
+        gather.source_rows = ws->sorted_token;
+        gather.num_rows = assignments;
+        gather.device_rows = num_sorted;
+        gather.out = &m->expert_in;
+        GLMRT_TRY(glmrt_cuda_operand_gather(&gather, step->stream, step->error));
+    } else {
+        GLMRT_TRY(glmrt_step_quantize(step, &m->expert_in, ws->normed, d->hidden, ws->sorted_token,
+                                      GLMRT_ACTIVATION_COPY, assignments, num_sorted));
+    }
     glmrt_cuda_qgemm_call call;
     memset(&call, 0, sizeof(call));
     call.w = &layer->experts_gate_up;
