@@ -475,7 +475,8 @@ int main(int argc, char **argv)
         if (!glmrt_bench_shape_run(&c, shape, only != nullptr ? prefill_rows : decode_rows, with_high, &error)) {
             return 1;
         }
-        if (shape.format == GLMRT_CUDA_FORMAT_FP8 && !glmrt_bench_shape_run(&c, shape, prefill_rows, with_high, &error)) {
+        if (only == nullptr && shape.format == GLMRT_CUDA_FORMAT_FP8 &&
+            !glmrt_bench_shape_run(&c, shape, prefill_rows, with_high, &error)) {
             return 1;
         }
     }

@@ -62,17 +62,7 @@ def launch_sequence(events, name_parts, steps):
     return sequences
 
 
-def profile_batch(torch, engine, requests, steps, launches_of=""):
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        engine.step(requests)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
-        start = time.perf_counter()
-        for _ in range(steps):
-            engine.step(requests)
-        wall = time.perf_counter() - start
+def step_table(profiler, steps, wall, launches_of, label):
     per_kernel = defaultdict(lambda: [0, 0.0])
     events = kernel_events(profiler)
     sequence = launch_sequence(events, launches_of, steps)
@@ -84,8 +74,22 @@ def profile_batch(torch, engine, requests, steps, launches_of=""):
     launches = sum(entry[0] for entry in per_kernel.values()) / steps
     kernels = sorted(((name, count / steps, total / steps) for name, (count, total) in per_kernel.items()),
                      key=lambda row: -row[2])
-    return dict(batch=len(requests), wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
+    return dict(batch=label, wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
                 kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
+
+
+def profile_batch(torch, engine, requests, steps, launches_of=""):
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        engine.step(requests)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step(requests)
+        wall = time.perf_counter() - start
+    return step_table(profiler, steps, wall, launches_of, len(requests))
 
 
 def profile_prefill(torch, engine, prompts, params, launches_of=""):
@@ -105,21 +109,9 @@ def profile_prefill(torch, engine, prompts, params, launches_of=""):
         wall = time.perf_counter() - start
     for request in requests:
         engine.free_request(request)
-    per_kernel = defaultdict(lambda: [0, 0.0])
-    events = kernel_events(profiler)
-    sequence = launch_sequence(events, launches_of, steps)
-    for event in events:
-        entry = per_kernel[short_name(event.name)]
-        entry[0] += 1
-        entry[1] += event.device_time_total
-    gpu_us = sum(entry[1] for entry in per_kernel.values()) / steps
-    launches = sum(entry[0] for entry in per_kernel.values()) / steps
-    kernels = sorted(((name, count / steps, total / steps) for name, (count, total) in per_kernel.items()),
-                     key=lambda row: -row[2])
     tokens = sum(len(prompt) for prompt in prompts)
-    return dict(batch=f"prefill of {len(prompts)} prompts, {tokens} tokens in {steps} steps",
-                wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
-                kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
+    return step_table(profiler, steps, wall, launches_of,
+                      f"prefill of {len(prompts)} prompts, {tokens} tokens in {steps} steps")
 
 
 def print_batch(row, top, layers):
