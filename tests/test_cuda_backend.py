@@ -233,6 +233,23 @@ def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
             assert stats.kv_pages_free == stats.kv_pages_total
 
 
+@pytest.mark.parametrize("decode_graphs", (True, False))
+def test_cuda_dependent_launches_equal_serialized_launches_bit_for_bit(decode_graphs):
+    model_dir = build_test_model("fp8-channel")
+    with Engine(model_dir, backend="cuda", decode_graphs=decode_graphs, **ENGINE_OPTIONS) as dependent, \
+            Engine(model_dir, backend="cuda", decode_graphs=decode_graphs, dependent_launches=False,
+                   **ENGINE_OPTIONS) as serialized:
+        vocab = dependent.vocab_size
+        for count in (1, 5, 16):
+            prompts = [prompt_of_length(1 + (29 * i) % 120, vocab, seed=count * 50 + i) for i in range(count)]
+            if count == 5:
+                prompts[2] = prompt_of_length(600, vocab, seed=9)
+            assert decode_rows(dependent, prompts, 6) == decode_rows(serialized, prompts, 6), f"batch of {count}"
+        for engine in (dependent, serialized):
+            stats = engine.stats()
+            assert stats.kv_pages_free == stats.kv_pages_total
+
+
 def reads_stats_in_flight(engine):
     assert engine.stats().live_requests >= 1
 

@@ -5,6 +5,8 @@ from engine_support import build_test_model, greedy, open_engine, prompt_of_leng
 
 from glmrt.engine import native
 from glmrt.engine.errors import GlmrtError
+from glmrt.model.config import load_model_config
+from glmrt.model.native_config import native_model_config
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +243,20 @@ def test_device_count_outside_what_the_backend_runs_is_an_error(model_dir, num_d
 def test_one_device_is_the_default_and_is_reported(model_dir):
     with open_engine(model_dir) as engine:
         assert engine.info().num_devices == 1
+
+
+@pytest.mark.parametrize("field", ("decode_graphs", "dependent_launches"))
+def test_launch_option_out_of_range_is_refused_with_its_name(model_dir, field):
+    library = native.load_library(native.BACKEND_CPU)
+    options = native.EngineOptionsStruct()
+    library.glmrt_engine_options_default(ctypes.byref(options))
+    assert getattr(options, field) == 0
+    setattr(options, field, 5)
+    config = native_model_config(load_model_config(model_dir))
+    handle = native.engine_p()
+    message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)
+    status = library.glmrt_engine_create(str(model_dir).encode(), ctypes.byref(config), ctypes.byref(options),
+                                         ctypes.byref(handle), message, len(message))
+    assert status == native.STATUS_INVALID_ARGUMENT
+    assert not handle
+    assert message.value.decode() == f"{field} must be 0 (default) or 1 (off), got 5"

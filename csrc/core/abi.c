@@ -56,4 +56,5 @@ void glmrt_engine_options_default(glmrt_engine_options *options)
     options->enable_prefix_caching = 1;
     options->matmul_precision = GLMRT_MATMUL_DEFAULT;
     options->decode_graphs = GLMRT_DECODE_GRAPHS_DEFAULT;
+    options->dependent_launches = GLMRT_DEPENDENT_LAUNCHES_DEFAULT;
 }

@@ -49,6 +49,12 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "decode_graphs must be %d (default) or %d (off), got %d",
                                GLMRT_DECODE_GRAPHS_DEFAULT, GLMRT_DECODE_GRAPHS_OFF, o->decode_graphs);
     }
+    if (o->dependent_launches != GLMRT_DEPENDENT_LAUNCHES_DEFAULT &&
+        o->dependent_launches != GLMRT_DEPENDENT_LAUNCHES_OFF) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "dependent_launches must be %d (default) or %d (off), got %d",
+                               GLMRT_DEPENDENT_LAUNCHES_DEFAULT, GLMRT_DEPENDENT_LAUNCHES_OFF, o->dependent_launches);
+    }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");
     }

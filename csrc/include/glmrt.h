@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 7
+#define GLMRT_ABI_VERSION 8
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -52,6 +52,11 @@ enum glmrt_matmul_precision {
 enum glmrt_decode_graphs {
     GLMRT_DECODE_GRAPHS_DEFAULT = 0,
     GLMRT_DECODE_GRAPHS_OFF = 1
+};
+
+enum glmrt_dependent_launches {
+    GLMRT_DEPENDENT_LAUNCHES_DEFAULT = 0,
+    GLMRT_DEPENDENT_LAUNCHES_OFF = 1
 };
 
 enum glmrt_finish_reason {
@@ -107,6 +112,7 @@ typedef struct glmrt_engine_options {
     int32_t enable_prefix_caching;
     int32_t matmul_precision;
     int32_t decode_graphs;
+    int32_t dependent_launches;
 } glmrt_engine_options;
 
 typedef struct glmrt_rank_info {

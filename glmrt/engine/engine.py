@@ -130,7 +130,8 @@ class Engine:
     def __init__(self, model_dir, backend="cpu", num_threads=0, max_batch=32, max_tokens_per_step=256,
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
-                 matmul_precision="default", decode_graphs=True):
+                 matmul_precision="default", decode_graphs=True,
+                 dependent_launches=True):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if matmul_precision not in MATMUL_PRECISIONS:
@@ -157,6 +158,8 @@ class Engine:
         options.enable_prefix_caching = 1 if enable_prefix_caching else 0
         options.matmul_precision = MATMUL_PRECISIONS[matmul_precision]
         options.decode_graphs = native.DECODE_GRAPHS_DEFAULT if decode_graphs else native.DECODE_GRAPHS_OFF
+        options.dependent_launches = (native.DEPENDENT_LAUNCHES_DEFAULT if dependent_launches
+                                      else native.DEPENDENT_LAUNCHES_OFF)
         self._native_config = native_model_config(self.config)
         handle = native.engine_p()
         message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)

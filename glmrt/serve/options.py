@@ -73,6 +73,9 @@ def add_engine_options(parser):
     group.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="replay decode steps from CUDA graphs captured per batch-size bucket at startup "
                             "(CUDA backend on one GPU; on by default)")
+    group.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
+                       help="let each CUDA kernel start while the one before it finishes (programmatic dependent "
+                            "launch; on by default)")
     return group
 
 
@@ -144,7 +147,8 @@ def engine_kwargs(args):
                   max_context=args.max_context, device_id=args.device_id, num_devices=args.num_devices,
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
                   num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
-                  matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs)
+                  matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
+                  dependent_launches=args.dependent_launches)
     if args.kv_pages is not None:
         kwargs["kv_num_pages"] = args.kv_pages
     elif args.backend == "cuda":

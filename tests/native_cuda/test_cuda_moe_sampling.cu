@@ -20,7 +20,6 @@ typedef struct glmrt_route_case {
 } glmrt_route_case;
 
 typedef struct glmrt_dispatch_buffers {
-    int32_t *counts;
     int32_t *sorted;
     int32_t *rows;
     glmrt_cuda_gemm_tile *tiles;
@@ -32,7 +31,6 @@ static glmrt_dispatch_buffers glmrt_dispatch_alloc(int32_t experts, int32_t assi
 {
     glmrt_dispatch_buffers b;
     b.max_tiles = glmrt_cuda_moe_max_tiles(assignments, experts, tile_rows);
-    b.counts = glmrt_test_alloc<int32_t>(experts);
     b.sorted = glmrt_test_alloc<int32_t>(assignments);
     b.rows = glmrt_test_alloc<int32_t>(assignments);
     b.tiles = glmrt_test_alloc<glmrt_cuda_gemm_tile>(b.max_tiles);
@@ -42,7 +40,6 @@ static glmrt_dispatch_buffers glmrt_dispatch_alloc(int32_t experts, int32_t assi
 
 static void glmrt_dispatch_free(glmrt_dispatch_buffers *b)
 {
-    cudaFree(b->counts);
     cudaFree(b->sorted);
     cudaFree(b->rows);
     cudaFree(b->tiles);
@@ -53,8 +50,8 @@ static glmrt_cuda_dispatch_args glmrt_dispatch_args_for(const glmrt_dispatch_buf
                                                         int32_t tokens, int32_t top_k, int32_t experts,
                                                         int32_t tile_rows)
 {
-    glmrt_cuda_dispatch_args args = {ids, tokens, top_k, 0, experts, tile_rows, b->counts, b->sorted, b->rows,
-                                     b->tiles, b->counters, b->counters + 1};
+    glmrt_cuda_dispatch_args args = {ids, tokens, top_k, 0, experts, tile_rows, b->sorted, b->rows, b->tiles,
+                                     b->counters, b->counters + 1};
     return args;
 }
 

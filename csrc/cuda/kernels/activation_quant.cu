@@ -1,3 +1,4 @@
+#include "dependent_launch.cuh"
 #include "activation_quant.cuh"
 #include "cuda_check.cuh"
 
@@ -22,6 +23,7 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
                                      const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols,
                                      int32_t slice_cols)
 {
+    glmrt_dependent_enter();
     __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
     const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     const int32_t r = (int32_t)blockIdx.x;
@@ -88,14 +90,13 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
     int32_t slice_cols = 0;
     GLMRT_TRY(glmrt_activation_slice_cols(a->num_rows, o->cols, &slice_cols, error));
     dim3 grid((unsigned)a->num_rows, (unsigned)glmrt_ceil_div(o->cols, slice_cols));
-    if (o->kind == GLMRT_OPERAND_FP8) {
-        glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8><<<grid, GLMRT_ACTIVATION_THREADS, 0, stream>>>(
-            a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales, o->cols, slice_cols);
-    } else {
-        glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16><<<grid, GLMRT_ACTIVATION_THREADS, 0, stream>>>(
-            a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales, o->cols, slice_cols);
-    }
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_activation_quantize_kernel");
+    void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t,
+                   int32_t) = o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8>
+                                                          : glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16>;
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ACTIVATION_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
+                                             o->data, o->scales, o->cols, slice_cols));
     return GLMRT_OK;
 }
 
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(GLMRT_GATHER_THREADS)
                                 int32_t num_rows, const int32_t *device_rows, uint8_t *out, float *out_scales,
                                 int64_t row_bytes)
 {
+    glmrt_dependent_enter();
     const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     const int32_t r = (int32_t)blockIdx.x;
     if (r >= rows) {
@@ -166,9 +168,11 @@ glmrt_status glmrt_cuda_operand_gather(const glmrt_cuda_operand_gather_args *arg
     }
     const int64_t row_bytes = (int64_t)source->cols * glmrt_operand_bytes(source->kind);
     const bool scaled = source->kind == GLMRT_OPERAND_FP8;
-    glmrt_operand_gather_kernel<<<args->num_rows, GLMRT_GATHER_THREADS, 0, stream>>>(
-        source->data, scaled ? source->scales : nullptr, args->source_rows, args->num_rows, args->device_rows,
-        out->data, scaled ? out->scales : nullptr, row_bytes);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_operand_gather_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, args->num_rows, GLMRT_GATHER_THREADS, 0,
+                                                              stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_operand_gather_kernel, source->data,
+                                             scaled ? source->scales : nullptr, args->source_rows, args->num_rows,
+                                             args->device_rows, out->data, scaled ? out->scales : nullptr, row_bytes));
     return GLMRT_OK;
 }

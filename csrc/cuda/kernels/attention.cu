@@ -1,5 +1,6 @@
 #include <stdint.h>
 
+#include "dependent_launch.cuh"
 #include "attention.cuh"
 #include "attention_kernels.cuh"
 #include "attention_tile.cuh"
@@ -66,6 +67,7 @@ __device__ __forceinline__ void glmrt_merge_head(const glmrt_cuda_attention_merg
 template <int PER>
 __global__ void __launch_bounds__(GLMRT_MERGE_WARPS * 32) glmrt_attention_merge_kernel(glmrt_cuda_attention_merge_args args)
 {
+    glmrt_dependent_enter();
     const int32_t count = args.device_num_merges != nullptr ? *args.device_num_merges : args.num_merges;
     const int32_t head = (int32_t)blockIdx.y * GLMRT_MERGE_WARPS + (int32_t)(threadIdx.x >> 5);
     if (head >= args.num_kv_heads * args.group) {
@@ -130,13 +132,16 @@ glmrt_status glmrt_cuda_attention_merge_run(const glmrt_cuda_attention_merge_arg
     }
     const int32_t grid_merges = glmrt_attention_grid_limit(args->num_merges, args->max_grid_merges);
     dim3 grid((unsigned)grid_merges, (unsigned)glmrt_ceil_div(args->num_kv_heads * args->group, GLMRT_MERGE_WARPS));
+    void (*kernel)(glmrt_cuda_attention_merge_args) = nullptr;
     switch (args->head_dim) {
-    case 128: glmrt_attention_merge_kernel<4><<<grid, GLMRT_MERGE_WARPS * 32, 0, stream>>>(*args); break;
-    case 64: glmrt_attention_merge_kernel<2><<<grid, GLMRT_MERGE_WARPS * 32, 0, stream>>>(*args); break;
-    case 32: glmrt_attention_merge_kernel<1><<<grid, GLMRT_MERGE_WARPS * 32, 0, stream>>>(*args); break;
+    case 128: kernel = glmrt_attention_merge_kernel<4>; break;
+    case 64: kernel = glmrt_attention_merge_kernel<2>; break;
+    case 32: kernel = glmrt_attention_merge_kernel<1>; break;
     default:
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no split merge for head_dim %d", args->head_dim);
     }
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_merge_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_MERGE_WARPS * 32, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
     return GLMRT_OK;
 }

@@ -1,3 +1,4 @@
+#include "dependent_launch.cuh"
 #include "attention_kernels.cuh"
 #include "attention_tile.cuh"
 #include "cuda_check.cuh"
@@ -287,6 +288,7 @@ template <int HD, int STAGES>
 __global__ void __launch_bounds__(glmrt_decode_shape<HD, STAGES>::threads)
     glmrt_attention_decode_kernel(glmrt_cuda_attention_args args)
 {
+    glmrt_dependent_enter();
     extern __shared__ __align__(128) uint8_t decode_shared[];
     const int32_t count = glmrt_attention_item_count(args);
     for (int32_t index = blockIdx.x; index < count; index += gridDim.x) {
@@ -351,7 +353,8 @@ glmrt_status glmrt_attention_decode_launch(const glmrt_cuda_attention_args *args
     }
     dim3 grid((unsigned)grid_items, (unsigned)args->kv.num_kv_heads);
     int threads = args->kv.head_dim >= 64 ? 256 : 128;
-    kernel<<<grid, threads, shared, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_decode_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, threads, shared, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
     return GLMRT_OK;
 }

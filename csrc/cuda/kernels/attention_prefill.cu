@@ -1,3 +1,4 @@
+#include "dependent_launch.cuh"
 #include "attention_kernels.cuh"
 #include "attention_tile.cuh"
 #include "cuda_check.cuh"
@@ -167,6 +168,7 @@ __device__ __forceinline__ void glmrt_prefill_softmax(glmrt_prefill_state<HD> &s
 template <int HD>
 __global__ void __launch_bounds__(GLMRT_PREFILL_THREADS, 2) glmrt_attention_prefill_kernel(glmrt_cuda_attention_args args)
 {
+    glmrt_dependent_enter();
     using shape = glmrt_prefill_shape<HD>;
     extern __shared__ __align__(128) uint8_t prefill_shared[];
     const uint32_t raw = glmrt_attn_smem_address(prefill_shared);
@@ -396,7 +398,8 @@ glmrt_status glmrt_attention_prefill_launch(const glmrt_cuda_attention_args *arg
                                args->kv.head_dim);
     }
     dim3 grid((unsigned)args->num_items, (unsigned)args->kv.num_kv_heads);
-    kernel<<<grid, GLMRT_PREFILL_THREADS, shared, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_attention_prefill_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_PREFILL_THREADS, shared, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
     return GLMRT_OK;
 }

@@ -1,3 +1,4 @@
+#include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "gemm_kernels.cuh"
@@ -188,6 +189,7 @@ __device__ __forceinline__ void glmrt_fma_rows(const glmrt_cuda_gemm_args &args,
 template <int MT, int FORMAT, int SCALE>
 __global__ void __launch_bounds__(GLMRT_FMA_WARPS * GLMRT_WARP_SIZE) glmrt_gemm_fma_kernel(glmrt_cuda_gemm_args args)
 {
+    glmrt_dependent_enter();
     const int warp = threadIdx.x >> 5;
     int32_t group = 0;
     int32_t row_begin;
@@ -285,7 +287,9 @@ glmrt_status glmrt_cuda_gemm_fma_run(const glmrt_cuda_gemm_args *args, int32_t t
                                args->w.format, args->w.scale_kind, rows_per_block);
     }
     dim3 grid((unsigned)glmrt_ceil_div(args->w.rows, GLMRT_FMA_CHANNELS_PER_BLOCK), (unsigned)grid_tiles);
-    kernel<<<grid, GLMRT_FMA_WARPS * GLMRT_WARP_SIZE, 0, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_gemm_fma_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_FMA_WARPS * GLMRT_WARP_SIZE, 0,
+                                                              stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
     return GLMRT_OK;
 }

@@ -1,5 +1,6 @@
 #include <atomic>
 
+#include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "gemm_kernels.cuh"
@@ -23,6 +24,7 @@ template <int FORMAT, int SCALE, int MT, int NT, int WN>
 __global__ void __launch_bounds__(glmrt_mma_shape<FORMAT, MT, NT, WN>::threads)
     glmrt_gemm_mma_kernel(glmrt_cuda_gemm_args args)
 {
+    glmrt_dependent_enter();
     typedef glmrt_mma_shape<FORMAT, MT, NT, WN> shape;
     extern __shared__ __align__(16) uint8_t glmrt_mma_shared[];
     uint8_t *a_high = glmrt_mma_shared;
@@ -341,8 +343,10 @@ glmrt_status glmrt_cuda_gemm_mma_run_shape(const glmrt_cuda_gemm_args *args, int
     }
     GLMRT_TRY(glmrt_mma_allow_shared(&launch, error));
     dim3 grid((unsigned)grid_tiles, (unsigned)glmrt_ceil_div(args->w.rows, launch.block_n));
-    launch.kernel<<<grid, launch.threads, launch.smem_bytes, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_gemm_mma_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, launch.threads, launch.smem_bytes,
+                                                              stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, launch.kernel, *args));
     return GLMRT_OK;
 }
 

@@ -1,5 +1,6 @@
 #include <math.h>
 
+#include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "moe.cuh"
@@ -141,6 +142,7 @@ __device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int32_t tok
 
 __global__ void glmrt_route_kernel(glmrt_cuda_route_args args)
 {
+    glmrt_dependent_enter();
     int32_t token = blockIdx.x * GLMRT_ROUTE_WARPS + (threadIdx.x >> 5);
     if (token < args.num_tokens) {
         glmrt_route_token(args, token, threadIdx.x & 31);
@@ -170,8 +172,9 @@ glmrt_status glmrt_cuda_moe_route(const glmrt_cuda_route_args *args, cudaStream_
         return GLMRT_OK;
     }
     unsigned blocks = (unsigned)glmrt_ceil_div(args->num_tokens, GLMRT_ROUTE_WARPS);
-    glmrt_route_kernel<<<blocks, GLMRT_ROUTE_WARPS * 32, 0, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_route_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, blocks, GLMRT_ROUTE_WARPS * 32, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_kernel, *args));
     return GLMRT_OK;
 }
 
@@ -181,11 +184,56 @@ int32_t glmrt_cuda_moe_max_tiles(int32_t num_assignments, int32_t num_local_expe
     return glmrt_ceil_div(num_assignments, tile_rows) + busy;
 }
 
+__device__ __forceinline__ int32_t glmrt_dispatch_tiles(int32_t count, int32_t tile_rows)
+{
+    return (count + tile_rows - 1) / tile_rows;
+}
+
+__device__ void glmrt_dispatch_offsets(const glmrt_cuda_dispatch_args &args, const int32_t *counts, int32_t *offsets,
+                                       int32_t *tile_offsets, int lane)
+{
+    const int32_t experts = args.num_local_experts;
+    const int32_t per_lane = (experts + 31) / 32;
+    const int32_t first = lane * per_lane;
+    const int32_t end = min(experts, first + per_lane);
+    int32_t rows = 0;
+    int32_t tiles = 0;
+    for (int32_t e = first; e < end; ++e) {
+        rows += counts[e];
+        tiles += glmrt_dispatch_tiles(counts[e], args.tile_rows);
+    }
+    int32_t rows_through = rows;
+    int32_t tiles_through = tiles;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const int32_t rows_below = __shfl_up_sync(GLMRT_FULL_MASK, rows_through, offset);
+        const int32_t tiles_below = __shfl_up_sync(GLMRT_FULL_MASK, tiles_through, offset);
+        if (lane >= offset) {
+            rows_through += rows_below;
+            tiles_through += tiles_below;
+        }
+    }
+    int32_t running = rows_through - rows;
+    int32_t running_tiles = tiles_through - tiles;
+    for (int32_t e = first; e < end; ++e) {
+        offsets[e] = running;
+        tile_offsets[e] = running_tiles;
+        running += counts[e];
+        running_tiles += glmrt_dispatch_tiles(counts[e], args.tile_rows);
+    }
+    if (lane == 31) {
+        offsets[experts] = rows_through;
+        tile_offsets[experts] = tiles_through;
+        *args.num_tiles = tiles_through;
+        *args.num_sorted = rows_through;
+    }
+}
+
 __device__ void glmrt_dispatch_block(const glmrt_cuda_dispatch_args &args)
 {
+    __shared__ int32_t counts[GLMRT_MOE_MAX_EXPERTS];
     __shared__ int32_t offsets[GLMRT_MOE_MAX_EXPERTS + 1];
     __shared__ int32_t tile_offsets[GLMRT_MOE_MAX_EXPERTS + 1];
-    int32_t *counts = args.expert_counts;
     const int32_t num_assignments = args.num_tokens * args.top_k;
     const int32_t experts = args.num_local_experts;
     for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
@@ -199,19 +247,8 @@ __device__ void glmrt_dispatch_block(const glmrt_cuda_dispatch_args &args)
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t running = 0;
-        int32_t running_tiles = 0;
-        for (int32_t e = 0; e < experts; ++e) {
-            offsets[e] = running;
-            tile_offsets[e] = running_tiles;
-            running += counts[e];
-            running_tiles += (counts[e] + args.tile_rows - 1) / args.tile_rows;
-        }
-        offsets[experts] = running;
-        tile_offsets[experts] = running_tiles;
-        *args.num_tiles = running_tiles;
-        *args.num_sorted = running;
+    if (threadIdx.x < 32) {
+        glmrt_dispatch_offsets(args, counts, offsets, tile_offsets, (int)threadIdx.x);
     }
     __syncthreads();
     for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
@@ -242,12 +279,14 @@ __device__ void glmrt_dispatch_block(const glmrt_cuda_dispatch_args &args)
 
 __global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS) glmrt_dispatch_kernel(glmrt_cuda_dispatch_args args)
 {
+    glmrt_dependent_enter();
     glmrt_dispatch_block(args);
 }
 
 __global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS)
     glmrt_route_dispatch_kernel(glmrt_cuda_route_args route, glmrt_cuda_dispatch_args dispatch)
 {
+    glmrt_dependent_enter();
     const int32_t warps = (int32_t)(blockDim.x >> 5);
     for (int32_t token = (int32_t)(threadIdx.x >> 5); token < route.num_tokens; token += warps) {
         glmrt_route_token(route, token, threadIdx.x & 31);
@@ -276,8 +315,9 @@ glmrt_status glmrt_cuda_moe_route_dispatch(const glmrt_cuda_route_args *route, c
         return glmrt_cuda_moe_dispatch(dispatch, stream, error);
     }
     GLMRT_TRY(glmrt_dispatch_check(dispatch, error));
-    glmrt_route_dispatch_kernel<<<1, GLMRT_DISPATCH_THREADS, 0, stream>>>(*route, *dispatch);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_route_dispatch_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, 1, GLMRT_DISPATCH_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_dispatch_kernel, *route, *dispatch));
     return GLMRT_OK;
 }
 
@@ -287,8 +327,9 @@ glmrt_status glmrt_cuda_moe_dispatch(const glmrt_cuda_dispatch_args *args, cudaS
         return GLMRT_OK;
     }
     GLMRT_TRY(glmrt_dispatch_check(args, error));
-    glmrt_dispatch_kernel<<<1, GLMRT_DISPATCH_THREADS, 0, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_dispatch_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, 1, GLMRT_DISPATCH_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_dispatch_kernel, *args));
     return GLMRT_OK;
 }
 
@@ -305,6 +346,7 @@ __device__ __forceinline__ float4 glmrt_combine_add(float4 a, float4 b)
 
 __global__ void __launch_bounds__(GLMRT_COMBINE_THREADS) glmrt_combine_kernel(glmrt_cuda_combine_args args)
 {
+    glmrt_dependent_enter();
     const int32_t token = blockIdx.x;
     const int32_t d = 4 * ((int32_t)blockIdx.y * GLMRT_COMBINE_THREADS + (int32_t)threadIdx.x);
     if (d >= args.hidden_size) {
@@ -353,7 +395,8 @@ glmrt_status glmrt_cuda_moe_combine(const glmrt_cuda_combine_args *args, cudaStr
     }
     dim3 grid((unsigned)args->num_tokens,
               (unsigned)glmrt_ceil_div(args->hidden_size, 4 * GLMRT_COMBINE_THREADS));
-    glmrt_combine_kernel<<<grid, GLMRT_COMBINE_THREADS, 0, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_combine_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_COMBINE_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_combine_kernel, *args));
     return GLMRT_OK;
 }

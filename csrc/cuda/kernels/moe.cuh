@@ -30,7 +30,6 @@ typedef struct glmrt_cuda_dispatch_args {
     int32_t expert_begin;
     int32_t num_local_experts;
     int32_t tile_rows;
-    int32_t *expert_counts;
     int32_t *sorted_token;
     int32_t *assignment_row;
     glmrt_cuda_gemm_tile *tiles;

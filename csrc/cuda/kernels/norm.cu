@@ -1,5 +1,6 @@
 #include <string.h>
 
+#include "dependent_launch.cuh"
 #include "activation_quant.cuh"
 #include "cuda_check.cuh"
 #include "norm.cuh"
@@ -45,11 +46,18 @@ __global__ void __launch_bounds__(GLMRT_NORM_THREADS)
 {
     __shared__ float partial[GLMRT_NORM_THREADS / 32];
     __shared__ float row_max[GLMRT_NORM_THREADS / 32];
+    const float4 *weight4 = reinterpret_cast<const float4 *>(args.weight);
+    const int32_t count = args.n / 4;
+    float4 weights[GLMRT_NORM_CACHED];
+#pragma unroll
+    for (int k = 0; k < GLMRT_NORM_CACHED; ++k) {
+        int32_t i = (int32_t)threadIdx.x + k * GLMRT_NORM_THREADS;
+        weights[k] = i < count ? weight4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    glmrt_dependent_enter();
     int64_t source = args.x_rows != nullptr ? args.x_rows[blockIdx.x] : blockIdx.x;
     const float4 *row = reinterpret_cast<const float4 *>(args.x + source * args.x_stride);
-    const float4 *weight4 = reinterpret_cast<const float4 *>(args.weight);
     float4 *out = reinterpret_cast<float4 *>(args.y + (int64_t)blockIdx.x * args.y_stride);
-    const int32_t count = args.n / 4;
     float4 cached[GLMRT_NORM_CACHED];
     float sum = 0.0f;
 #pragma unroll
@@ -70,7 +78,7 @@ __global__ void __launch_bounds__(GLMRT_NORM_THREADS)
     for (int k = 0; k < GLMRT_NORM_CACHED; ++k) {
         int32_t i = (int32_t)threadIdx.x + k * GLMRT_NORM_THREADS;
         if (i < count) {
-            cached[k] = glmrt_norm_scale4(weight4[i], cached[k], inverse);
+            cached[k] = glmrt_norm_scale4(weights[k], cached[k], inverse);
             out[i] = cached[k];
             amax = glmrt_abs_max4(cached[k], amax);
         }
@@ -129,13 +137,13 @@ glmrt_status glmrt_cuda_rmsnorm_run(const glmrt_cuda_rmsnorm_args *args, cudaStr
     const glmrt_cuda_qgemm_operand *q = args->quantized;
     glmrt_cuda_qgemm_operand none;
     memset(&none, 0, sizeof(none));
-    if (q == nullptr) {
-        glmrt_rmsnorm_kernel<GLMRT_NORM_F32_ONLY><<<args->num_rows, GLMRT_NORM_THREADS, 0, stream>>>(*args, none);
-    } else if (q->kind == GLMRT_OPERAND_FP8) {
-        glmrt_rmsnorm_kernel<GLMRT_OPERAND_FP8><<<args->num_rows, GLMRT_NORM_THREADS, 0, stream>>>(*args, *q);
-    } else {
-        glmrt_rmsnorm_kernel<GLMRT_OPERAND_BF16><<<args->num_rows, GLMRT_NORM_THREADS, 0, stream>>>(*args, *q);
+    void (*kernel)(glmrt_cuda_rmsnorm_args, glmrt_cuda_qgemm_operand) = glmrt_rmsnorm_kernel<GLMRT_NORM_F32_ONLY>;
+    if (q != nullptr) {
+        kernel = q->kind == GLMRT_OPERAND_FP8 ? glmrt_rmsnorm_kernel<GLMRT_OPERAND_FP8>
+                                              : glmrt_rmsnorm_kernel<GLMRT_OPERAND_BF16>;
     }
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_rmsnorm_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, args->num_rows, GLMRT_NORM_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args, q != nullptr ? *q : none));
     return GLMRT_OK;
 }

@@ -1,3 +1,4 @@
+#include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "ops.cuh"
@@ -8,6 +9,7 @@
 
 __global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token_ids, float *out)
 {
+    glmrt_dependent_enter();
     int32_t token = token_ids[blockIdx.x];
     float *row_out = out + (int64_t)blockIdx.x * embed.cols;
     if (token < 0 || token >= embed.rows) {
@@ -47,14 +49,16 @@ glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *tok
     if (num_tokens <= 0) {
         return GLMRT_OK;
     }
-    glmrt_embed_kernel<<<num_tokens, GLMRT_EMBED_THREADS, 0, stream>>>(*embed, token_ids, out);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_embed_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, num_tokens, GLMRT_EMBED_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_embed_kernel, *embed, token_ids, out));
     return GLMRT_OK;
 }
 
 __global__ void glmrt_silu_mul_kernel(const float *gate_up, int32_t width, int32_t num_rows,
                                       const int32_t *device_rows, float *out)
 {
+    glmrt_dependent_enter();
     int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     int64_t total = (int64_t)rows * width;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -76,9 +80,11 @@ glmrt_status glmrt_cuda_silu_mul(const float *gate_up, int32_t width, int32_t nu
     if (blocks > 65536) {
         blocks = 65536;
     }
-    glmrt_silu_mul_kernel<<<(unsigned)blocks, GLMRT_ELEMENTWISE_THREADS, 0, stream>>>(gate_up, width, num_rows,
-                                                                                      device_rows, out);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_silu_mul_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, (unsigned)blocks, GLMRT_ELEMENTWISE_THREADS,
+                                                              0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_silu_mul_kernel, gate_up, width, num_rows, device_rows,
+                                             out));
     return GLMRT_OK;
 }
 
@@ -128,6 +134,7 @@ __device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim,
 
 __global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
 {
+    glmrt_dependent_enter();
     extern __shared__ float rope_shared[];
     int lane = threadIdx.x & 31;
     int warp = threadIdx.x >> 5;
@@ -183,7 +190,8 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
     size_t shared = ((size_t)GLMRT_ROPE_WARPS * args->kv.head_dim + 2 * (size_t)(args->rotary_dim / 2)) * sizeof(float);
     int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;
     dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, GLMRT_ROPE_WARPS));
-    glmrt_qk_rope_store_kernel<<<grid, GLMRT_ROPE_WARPS * 32, shared, stream>>>(*args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_qk_rope_store_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ROPE_WARPS * 32, shared, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_qk_rope_store_kernel, *args));
     return GLMRT_OK;
 }

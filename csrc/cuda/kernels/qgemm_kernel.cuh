@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "cuda_check.cuh"
+#include "dependent_launch.cuh"
 #include "device_math.cuh"
 #include "qgemm.cuh"
 #include "wgmma_ops.cuh"
@@ -160,26 +161,48 @@ __device__ __forceinline__ void glmrt_qgemm_consumer_sync(int consumers)
 }
 
 template <typename SHAPE, int KIND>
+__device__ __forceinline__ int32_t glmrt_qgemm_preload_weights(const CUtensorMap *w_map, const glmrt_qgemm_params &p,
+                                                               uint8_t *tiles, uint64_t *full)
+{
+    const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, SHAPE::consumers);
+    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, SHAPE::consumers);
+    glmrt_qgemm_segment segment;
+    int32_t issued = 0;
+    while (issued < SHAPE::stages && glmrt_qgemm_walk_next(p, &walk, &segment)) {
+        const int32_t w_outer = segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * SHAPE::consumers;
+        for (int32_t kb = segment.k_begin; kb < segment.k_end && issued < SHAPE::stages; ++kb, ++issued) {
+            glmrt_mbarrier_expect_bytes(&full[issued], SHAPE::stage_bytes);
+            glmrt_tma_load_2d(tiles + issued * SHAPE::stage_bytes, w_map, &full[issued],
+                              kb * glmrt_operand_block_elements(KIND), w_outer);
+        }
+    }
+    return issued;
+}
+
+template <typename SHAPE, int KIND>
 __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, const CUtensorMap *x_map,
-                                                    const glmrt_qgemm_params &p, int32_t units, uint8_t *tiles,
-                                                    uint64_t *full, uint64_t *empty)
+                                                    const glmrt_qgemm_params &p, int32_t units, int32_t preloaded,
+                                                    uint8_t *tiles, uint64_t *full, uint64_t *empty)
 {
     glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, SHAPE::consumers);
     glmrt_qgemm_segment segment;
     int stage = 0;
     uint32_t phase = 0;
+    int32_t issued = 0;
     while (glmrt_qgemm_walk_next(p, &walk, &segment)) {
         int32_t group;
         int32_t row_begin;
         int32_t count;
         glmrt_qgemm_token_tile(p, segment.token_tile, SHAPE::bn, &group, &row_begin, &count);
         const int32_t w_outer = group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * SHAPE::consumers;
-        for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
-            glmrt_mbarrier_wait(&empty[stage], phase ^ 1u);
+        for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb, ++issued) {
             uint8_t *at = tiles + stage * SHAPE::stage_bytes;
-            glmrt_mbarrier_expect_bytes(&full[stage], SHAPE::stage_bytes);
             const int32_t inner = kb * glmrt_operand_block_elements(KIND);
-            glmrt_tma_load_2d(at, w_map, &full[stage], inner, w_outer);
+            if (issued >= preloaded) {
+                glmrt_mbarrier_wait(&empty[stage], phase ^ 1u);
+                glmrt_mbarrier_expect_bytes(&full[stage], SHAPE::stage_bytes);
+                glmrt_tma_load_2d(at, w_map, &full[stage], inner, w_outer);
+            }
 #pragma unroll
             for (int j = 0; j < SHAPE::b_bytes / SHAPE::box_bytes; ++j) {
                 glmrt_tma_load_2d(at + SHAPE::a_bytes + j * SHAPE::box_bytes, x_map, &full[stage], inner,
@@ -442,18 +465,25 @@ __global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FO
         glmrt_tma_prefetch_map(&x_map);
     }
     __syncthreads();
-    const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, shape::consumers);
     if (producer) {
         if constexpr (shape::raise) {
             glmrt_registers_lower<GLMRT_QGEMM_PRODUCER_REGISTERS>();
         }
         if (threadIdx.x == shape::consumer_threads) {
-            glmrt_qgemm_produce<shape, KIND>(&w_map, &x_map, p, units, tiles, full, empty);
+            const int32_t preloaded = p.tiles == nullptr ? glmrt_qgemm_preload_weights<shape, KIND>(&w_map, p, tiles, full)
+                                                         : 0;
+            glmrt_dependent_enter();
+            const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, shape::consumers);
+            glmrt_qgemm_produce<shape, KIND>(&w_map, &x_map, p, units, preloaded, tiles, full, empty);
+        } else {
+            glmrt_dependent_enter();
         }
     } else {
         if constexpr (shape::raise) {
             glmrt_registers_raise<GLMRT_QGEMM_CONSUMER_REGISTERS>();
         }
+        glmrt_dependent_enter();
+        const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, shape::consumers);
         glmrt_qgemm_consume<KIND, SCALE, PROMOTE, BN, FOLD>(p, units, tiles, full, empty, fold_totals,
                                                             (int)threadIdx.x / 128,
                                                             (int)threadIdx.x % 128, &last_contribution);
@@ -500,8 +530,9 @@ static glmrt_status glmrt_qgemm_launch(const CUtensorMap *w_map, const CUtensorM
     if (grid <= 0) {
         return GLMRT_OK;
     }
-    kernel<<<grid, shape::threads, shape::smem_bytes, stream>>>(*w_map, *x_map, *p);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_qgemm_kernel");
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, shape::threads, shape::smem_bytes, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w_map, *x_map, *p));
     return GLMRT_OK;
 }
 

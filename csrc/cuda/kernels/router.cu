@@ -1,3 +1,4 @@
+#include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "router.cuh"
@@ -29,6 +30,17 @@ __device__ __forceinline__ float glmrt_router_dot4(float4 w, float4 x, float acc
 }
 
 template <int FORMAT>
+__device__ __forceinline__ void glmrt_router_chunk_weights(float4 *weights, const uint8_t *row, int32_t base,
+                                                           int32_t width, int lane)
+{
+#pragma unroll
+    for (int s = 0; s < GLMRT_ROUTER_STEPS; ++s) {
+        const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
+        weights[s] = c < width ? glmrt_router_weights<FORMAT>(row, base + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+template <int FORMAT>
 __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
     glmrt_router_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens, float *logits,
                         int64_t logits_stride)
@@ -40,6 +52,9 @@ __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
     const int32_t first_token = (int32_t)blockIdx.y * GLMRT_ROUTER_TOKENS;
     const int32_t tokens = min(GLMRT_ROUTER_TOKENS, num_tokens - first_token);
     const uint8_t *row = w.data + (int64_t)min(expert, w.rows - 1) * w.cols * (FORMAT == GLMRT_CUDA_FORMAT_F32 ? 4 : 2);
+    float4 weights[GLMRT_ROUTER_STEPS];
+    glmrt_router_chunk_weights<FORMAT>(weights, row, 0, min(GLMRT_ROUTER_CHUNK, w.cols), lane);
+    glmrt_dependent_enter();
     float acc[GLMRT_ROUTER_TOKENS];
 #pragma unroll
     for (int t = 0; t < GLMRT_ROUTER_TOKENS; ++t) {
@@ -48,11 +63,10 @@ __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
     for (int32_t base = 0; base < w.cols; base += GLMRT_ROUTER_CHUNK) {
         const int32_t width = min(GLMRT_ROUTER_CHUNK, w.cols - base);
         const int32_t quads = width / 4;
-        float4 weights[GLMRT_ROUTER_STEPS];
-#pragma unroll
-        for (int s = 0; s < GLMRT_ROUTER_STEPS; ++s) {
-            const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
-            weights[s] = c < width ? glmrt_router_weights<FORMAT>(row, base + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 upcoming[GLMRT_ROUTER_STEPS];
+        if (base + GLMRT_ROUTER_CHUNK < w.cols) {
+            glmrt_router_chunk_weights<FORMAT>(upcoming, row, base + GLMRT_ROUTER_CHUNK,
+                                               min(GLMRT_ROUTER_CHUNK, w.cols - base - GLMRT_ROUTER_CHUNK), lane);
         }
         __syncthreads();
 #pragma unroll 8
@@ -74,6 +88,10 @@ __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
                     }
                 }
             }
+        }
+#pragma unroll
+        for (int s = 0; s < GLMRT_ROUTER_STEPS; ++s) {
+            weights[s] = upcoming[s];
         }
     }
 #pragma unroll
@@ -106,15 +124,11 @@ glmrt_status glmrt_cuda_router_logits(const glmrt_cuda_matrix *w, const float *x
                                w->format);
     }
     dim3 grid((unsigned)glmrt_ceil_div(w->rows, GLMRT_ROUTER_WARPS), (unsigned)glmrt_ceil_div(num_tokens, GLMRT_ROUTER_TOKENS));
-    if (w->format == GLMRT_CUDA_FORMAT_F32) {
-        glmrt_router_kernel<GLMRT_CUDA_FORMAT_F32><<<grid, GLMRT_ROUTER_WARPS * 32, 0, stream>>>(*w, x, x_stride,
-                                                                                                num_tokens, logits,
-                                                                                                logits_stride);
-    } else {
-        glmrt_router_kernel<GLMRT_CUDA_FORMAT_BF16><<<grid, GLMRT_ROUTER_WARPS * 32, 0, stream>>>(*w, x, x_stride,
-                                                                                                 num_tokens, logits,
-                                                                                                 logits_stride);
-    }
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_router_kernel");
+    void (*kernel)(glmrt_cuda_matrix, const float *, int64_t, int32_t, float *, int64_t) =
+        w->format == GLMRT_CUDA_FORMAT_F32 ? glmrt_router_kernel<GLMRT_CUDA_FORMAT_F32>
+                                           : glmrt_router_kernel<GLMRT_CUDA_FORMAT_BF16>;
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ROUTER_WARPS * 32, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride));
     return GLMRT_OK;
 }

@@ -2,6 +2,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_arena.cuh"
 #include "device_math.cuh"
@@ -98,6 +99,7 @@ __device__ __forceinline__ bool glmrt_sample_reads_logits(const glmrt_cuda_sampl
 __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     glmrt_sample_prepare_kernel(glmrt_cuda_sampler sampler, glmrt_cuda_sample_args args)
 {
+    glmrt_dependent_enter();
     const int32_t row = blockIdx.x;
     const int32_t vocab = sampler.vocab_size;
     const glmrt_cuda_sample_params p = args.params[row];
@@ -286,6 +288,7 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     glmrt_sample_select_kernel(glmrt_cuda_sampler sampler, glmrt_cuda_sample_args args, const uint32_t *sorted_keys,
                                const int32_t *sorted_ids)
 {
+    glmrt_dependent_enter();
     __shared__ glmrt_sample_shared shared;
     __shared__ unsigned long long warp_keys[GLMRT_SAMPLE_THREADS / 32];
     __shared__ double broadcast_double;
@@ -413,8 +416,10 @@ glmrt_status glmrt_cuda_sample(glmrt_cuda_sampler *sampler, const glmrt_cuda_sam
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "%d sample rows exceed the sampler capacity %d",
                                args->num_rows, sampler->max_rows);
     }
-    glmrt_sample_prepare_kernel<<<args->num_rows, GLMRT_SAMPLE_THREADS, 0, stream>>>(*sampler, *args);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_sample_prepare_kernel");
+    glmrt_dependent_launch prepare;
+    const cudaLaunchConfig_t *prepare_config = glmrt_dependent_config(&prepare, args->num_rows, GLMRT_SAMPLE_THREADS,
+                                                                      0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(prepare_config, glmrt_sample_prepare_kernel, *sampler, *args));
     if (args->needs_sort) {
         size_t bytes = sampler->sort_temp_bytes;
         int items = args->num_rows * sampler->vocab_size;
@@ -429,8 +434,9 @@ glmrt_status glmrt_cuda_sample(glmrt_cuda_sampler *sampler, const glmrt_cuda_sam
     int32_t slices = glmrt_ceil_div(2 * sms, args->num_rows);
     slices = slices < 1 ? 1 : (slices > GLMRT_ARGMAX_SLICES ? GLMRT_ARGMAX_SLICES : slices);
     dim3 grid((unsigned)args->num_rows, (unsigned)slices);
-    glmrt_sample_select_kernel<<<grid, GLMRT_SAMPLE_THREADS, 0, stream>>>(*sampler, *args, sampler->keys_out,
-                                                                          sampler->ids_out);
-    GLMRT_CUDA_LAUNCHED(error, "glmrt_sample_select_kernel");
+    glmrt_dependent_launch select;
+    const cudaLaunchConfig_t *select_config = glmrt_dependent_config(&select, grid, GLMRT_SAMPLE_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(select_config, glmrt_sample_select_kernel, *sampler, *args,
+                                             sampler->keys_out, sampler->ids_out));
     return GLMRT_OK;
 }

@@ -62,7 +62,6 @@ typedef struct glmrt_cuda_workspace {
     float *router_logits;
     int32_t *topk_ids;
     float *topk_weights;
-    int32_t *expert_counts;
     int32_t *sorted_token;
     int32_t *assignment_row;
     glmrt_cuda_gemm_tile *tiles;

@@ -120,7 +120,6 @@ void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step
         ws->router_logits = glmrt_cuda_arena_array<float>(&arena, t * d->num_experts);
         ws->topk_ids = glmrt_cuda_arena_array<int32_t>(&arena, a);
         ws->topk_weights = glmrt_cuda_arena_array<float>(&arena, a);
-        ws->expert_counts = glmrt_cuda_arena_array<int32_t>(&arena, d->num_local_experts > 0 ? d->num_local_experts : 1);
         ws->sorted_token = glmrt_cuda_arena_array<int32_t>(&arena, a);
         ws->assignment_row = glmrt_cuda_arena_array<int32_t>(&arena, a);
         ws->tiles = glmrt_cuda_arena_array<glmrt_cuda_gemm_tile>(&arena, d->max_expert_tiles);

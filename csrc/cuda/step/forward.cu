@@ -2,6 +2,7 @@
 
 #include "activation_quant.cuh"
 #include "cuda_check.cuh"
+#include "dependent_launch.cuh"
 #include "device_math.cuh"
 #include "moe.cuh"
 #include "norm.cuh"
@@ -315,7 +316,6 @@ static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cu
     dispatch.expert_begin = st->rank.experts.begin;
     dispatch.num_local_experts = d->num_local_experts;
     dispatch.tile_rows = tile_rows;
-    dispatch.expert_counts = ws->expert_counts;
     dispatch.sorted_token = ws->sorted_token;
     dispatch.assignment_row = ws->assignment_row;
     dispatch.tiles = ws->tiles;
@@ -467,6 +467,7 @@ static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_
     step->counts = counts;
     step->error = st->error;
     step->stream = st->stream;
+    glmrt_cuda_dependent_launches_set(st->engine->options.dependent_launches == GLMRT_DEPENDENT_LAUNCHES_DEFAULT);
     glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step->view);
 }
 
