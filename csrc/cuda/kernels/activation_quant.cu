@@ -4,6 +4,9 @@
 
 #define GLMRT_ACTIVATION_THREADS 256
 #define GLMRT_ACTIVATION_CACHED 12
+#define GLMRT_ROW_WARPS 8
+#define GLMRT_ROW_VECTORS 12
+#define GLMRT_ROW_COLS (32 * 4 * GLMRT_ROW_VECTORS)
 
 template <int OP>
 __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int32_t cols, int32_t col)
@@ -71,6 +74,63 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     }
 }
 
+template <int OP, int KIND>
+__global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32)
+    glmrt_activation_rows_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
+                                 const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
+{
+    glmrt_dependent_enter();
+    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
+    const int32_t r = (int32_t)blockIdx.x * GLMRT_ROW_WARPS + (int32_t)(threadIdx.x >> 5);
+    if (r >= rows) {
+        return;
+    }
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
+    const float *row = x + source * x_stride;
+    float4 cached[GLMRT_ROW_VECTORS];
+#pragma unroll
+    for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
+        const int32_t c = (lane + 32 * k) * 4;
+        cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float scale = 1.0f;
+    if (KIND == GLMRT_OPERAND_FP8) {
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
+            amax = glmrt_abs_max4(cached[k], amax);
+        }
+        scale = glmrt_activation_scale(glmrt_warp_max(amax));
+        if (lane == 0) {
+            out_scales[r] = scale;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
+        const int32_t c = (lane + 32 * k) * 4;
+        if (c < cols) {
+            glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
+        }
+    }
+}
+
+template <int OP>
+static glmrt_status glmrt_activation_launch_rows(const glmrt_cuda_activation_args *a, cudaStream_t stream,
+                                                 glmrt_error *error)
+{
+    const glmrt_cuda_qgemm_operand *o = a->out;
+    void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t) =
+        o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_rows_kernel<OP, GLMRT_OPERAND_FP8>
+                                     : glmrt_activation_rows_kernel<OP, GLMRT_OPERAND_BF16>;
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(
+        &dependent, (unsigned)glmrt_ceil_div(a->num_rows, GLMRT_ROW_WARPS), GLMRT_ROW_WARPS * 32, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
+                                             o->data, o->scales, o->cols));
+    return GLMRT_OK;
+}
+
 static glmrt_status glmrt_activation_slice_cols(int32_t rows, int32_t cols, int32_t *out, glmrt_error *error)
 {
     int32_t sms = 0;
@@ -112,6 +172,14 @@ glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *ar
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "activation quantization of %d rows of %d columns into a buffer of %d rows needs 16-byte aligned rows",
                                args->num_rows, o->cols, o->capacity_rows);
+    }
+    int32_t sms = 0;
+    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
+    if (o->cols <= GLMRT_ROW_COLS && args->num_rows >= 2 * sms) {
+        if (args->op == GLMRT_ACTIVATION_SILU_MUL) {
+            return glmrt_activation_launch_rows<GLMRT_ACTIVATION_SILU_MUL>(args, stream, error);
+        }
+        return glmrt_activation_launch_rows<GLMRT_ACTIVATION_COPY>(args, stream, error);
     }
     if (args->op == GLMRT_ACTIVATION_SILU_MUL) {
         return glmrt_activation_launch<GLMRT_ACTIVATION_SILU_MUL>(args, stream, error);

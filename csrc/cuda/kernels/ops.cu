@@ -7,6 +7,27 @@
 #define GLMRT_ROPE_WARPS 4
 #define GLMRT_ELEMENTWISE_THREADS 256
 
+__device__ __forceinline__ void glmrt_embed_bf16_row(const uint16_t *row, int32_t cols, float *row_out)
+{
+    if ((cols & 7) == 0) {
+        const uint4 *packed = reinterpret_cast<const uint4 *>(row);
+        float4 *wide_out = reinterpret_cast<float4 *>(row_out);
+        const int32_t vectors = cols / 8;
+#pragma unroll 4
+        for (int32_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+            const uint4 bits = packed[v];
+            wide_out[2 * v] = make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
+                                          __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u));
+            wide_out[2 * v + 1] = make_float4(__uint_as_float(bits.z << 16), __uint_as_float(bits.z & 0xffff0000u),
+                                              __uint_as_float(bits.w << 16), __uint_as_float(bits.w & 0xffff0000u));
+        }
+        return;
+    }
+    for (int32_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        row_out[i] = glmrt_bf16_bits_to_float(row[i]);
+    }
+}
+
 __global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token_ids, float *out)
 {
     glmrt_dependent_enter();
@@ -19,10 +40,8 @@ __global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token
         return;
     }
     if (embed.format == GLMRT_CUDA_FORMAT_BF16) {
-        const uint16_t *row = reinterpret_cast<const uint16_t *>(embed.data) + (int64_t)token * embed.cols;
-        for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {
-            row_out[i] = glmrt_bf16_bits_to_float(row[i]);
-        }
+        glmrt_embed_bf16_row(reinterpret_cast<const uint16_t *>(embed.data) + (int64_t)token * embed.cols, embed.cols,
+                             row_out);
     } else if (embed.format == GLMRT_CUDA_FORMAT_F32) {
         const float *row = reinterpret_cast<const float *>(embed.data) + (int64_t)token * embed.cols;
         for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {

@@ -63,10 +63,8 @@ __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
     for (int32_t base = 0; base < w.cols; base += GLMRT_ROUTER_CHUNK) {
         const int32_t width = min(GLMRT_ROUTER_CHUNK, w.cols - base);
         const int32_t quads = width / 4;
-        float4 upcoming[GLMRT_ROUTER_STEPS];
-        if (base + GLMRT_ROUTER_CHUNK < w.cols) {
-            glmrt_router_chunk_weights<FORMAT>(upcoming, row, base + GLMRT_ROUTER_CHUNK,
-                                               min(GLMRT_ROUTER_CHUNK, w.cols - base - GLMRT_ROUTER_CHUNK), lane);
+        if (base > 0) {
+            glmrt_router_chunk_weights<FORMAT>(weights, row, base, width, lane);
         }
         __syncthreads();
 #pragma unroll 8
@@ -88,10 +86,6 @@ __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
                     }
                 }
             }
-        }
-#pragma unroll
-        for (int s = 0; s < GLMRT_ROUTER_STEPS; ++s) {
-            weights[s] = upcoming[s];
         }
     }
 #pragma unroll
