@@ -215,6 +215,19 @@ def decode_rows(engine, prompts, steps):
     return rows
 
 
+def assert_equal_decode_rows(first, second, counts, long_prompt, step_len, steps):
+    vocab = first.vocab_size
+    long_at, long_length = long_prompt
+    for count in counts:
+        prompts = [prompt_of_length(1 + (step_len * i) % 120, vocab, seed=count * 100 + i) for i in range(count)]
+        if count > long_at:
+            prompts[long_at] = prompt_of_length(long_length, vocab, seed=count)
+        assert decode_rows(first, prompts, steps) == decode_rows(second, prompts, steps), f"batch of {count}"
+    for engine in (first, second):
+        stats = engine.stats()
+        assert stats.kv_pages_free == stats.kv_pages_total
+
+
 @pytest.mark.parametrize("weight_format", ("bf16", "fp8-block"))
 def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
     model_dir = build_test_model(weight_format)
@@ -222,15 +235,7 @@ def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
             Engine(model_dir, backend="cuda", decode_graphs=False, **ENGINE_OPTIONS) as direct:
         assert graphs.info().num_decode_graphs == 5
         assert direct.info().num_decode_graphs == 0
-        vocab = graphs.vocab_size
-        for count in (1, 3, 6, 16):
-            prompts = [prompt_of_length(1 + (17 * i) % 90, vocab, seed=count * 100 + i) for i in range(count)]
-            if count == 3:
-                prompts[1] = prompt_of_length(509, vocab, seed=3)
-            assert decode_rows(graphs, prompts, 8) == decode_rows(direct, prompts, 8), f"batch of {count}"
-        for engine in (graphs, direct):
-            stats = engine.stats()
-            assert stats.kv_pages_free == stats.kv_pages_total
+        assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
 
 
 @pytest.mark.parametrize("decode_graphs", (True, False))
@@ -239,15 +244,7 @@ def test_cuda_dependent_launches_equal_serialized_launches_bit_for_bit(decode_gr
     with Engine(model_dir, backend="cuda", decode_graphs=decode_graphs, **ENGINE_OPTIONS) as dependent, \
             Engine(model_dir, backend="cuda", decode_graphs=decode_graphs, dependent_launches=False,
                    **ENGINE_OPTIONS) as serialized:
-        vocab = dependent.vocab_size
-        for count in (1, 5, 16):
-            prompts = [prompt_of_length(1 + (29 * i) % 120, vocab, seed=count * 50 + i) for i in range(count)]
-            if count == 5:
-                prompts[2] = prompt_of_length(600, vocab, seed=9)
-            assert decode_rows(dependent, prompts, 6) == decode_rows(serialized, prompts, 6), f"batch of {count}"
-        for engine in (dependent, serialized):
-            stats = engine.stats()
-            assert stats.kv_pages_free == stats.kv_pages_total
+        assert_equal_decode_rows(dependent, serialized, (1, 5, 16), (2, 600), 29, 6)
 
 
 def reads_stats_in_flight(engine):

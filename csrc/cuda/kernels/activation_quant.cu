@@ -20,6 +20,20 @@ __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int3
                        glmrt_silu_times(first.z, up.z), glmrt_silu_times(first.w, up.w));
 }
 
+template <int OP, int COUNT>
+__device__ __forceinline__ float glmrt_activation_load(float4 *cached, const float *row, int32_t cols, int32_t first,
+                                                       int32_t stride)
+{
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < COUNT; ++k) {
+        const int32_t c = first + k * stride;
+        cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        amax = glmrt_abs_max4(cached[k], amax);
+    }
+    return amax;
+}
+
 template <int OP, int KIND>
 __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     glmrt_activation_quantize_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
@@ -40,18 +54,9 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     const int32_t lo = (int32_t)blockIdx.y * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
     float4 cached[GLMRT_ACTIVATION_CACHED];
-#pragma unroll
-    for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
-        const int32_t c = first + k * stride;
-        cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    float amax = glmrt_activation_load<OP, GLMRT_ACTIVATION_CACHED>(cached, row, cols, first, stride);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
-            amax = glmrt_abs_max4(cached[k], amax);
-        }
         for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
             amax = glmrt_abs_max4(glmrt_activation_values<OP>(row, cols, c), amax);
         }
@@ -89,18 +94,9 @@ __global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32)
     const int64_t source = x_rows != nullptr ? x_rows[r] : r;
     const float *row = x + source * x_stride;
     float4 cached[GLMRT_ROW_VECTORS];
-#pragma unroll
-    for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
-        const int32_t c = (lane + 32 * k) * 4;
-        cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, lane * 4, 32 * 4);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
-            amax = glmrt_abs_max4(cached[k], amax);
-        }
         scale = glmrt_activation_scale(glmrt_warp_max(amax));
         if (lane == 0) {
             out_scales[r] = scale;
