@@ -4,9 +4,8 @@ import pytest
 from engine_support import (build_test_model, greedy, launch_then_complete, open_engine, prompt_of_length,
                             step_rows_until_done)
 
-from glmrt.engine.engine import Engine
-
 from glmrt.engine import native
+from glmrt.engine.engine import Engine
 from glmrt.engine.errors import GlmrtError
 
 

@@ -124,10 +124,10 @@ class Scheduler:
         return victim
 
     def admit(self, result):
-        counts = None
+        if not self.waiting:
+            return
+        counts = self.running_by_owner()
         while self.waiting:
-            if counts is None:
-                counts = self.running_by_owner()
             request = self.next_candidate(counts)
             if request in result.preempted:
                 return

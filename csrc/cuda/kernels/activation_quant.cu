@@ -127,15 +127,12 @@ static glmrt_status glmrt_activation_launch_rows(const glmrt_cuda_activation_arg
     return GLMRT_OK;
 }
 
-static glmrt_status glmrt_activation_slice_cols(int32_t rows, int32_t cols, int32_t *out, glmrt_error *error)
+static int32_t glmrt_activation_slice_cols(int32_t rows, int32_t cols, int32_t sms)
 {
-    int32_t sms = 0;
-    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
     int32_t slices = glmrt_ceil_div(2 * sms, rows);
     int32_t most = glmrt_ceil_div(cols, GLMRT_ACTIVATION_THREADS * 4);
     slices = slices < 1 ? 1 : (slices > most ? most : slices);
-    *out = glmrt_ceil_div(glmrt_ceil_div(cols, slices), 4) * 4;
-    return GLMRT_OK;
+    return glmrt_ceil_div(glmrt_ceil_div(cols, slices), 4) * 4;
 }
 
 template <int OP>
@@ -143,8 +140,12 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
                                             glmrt_error *error)
 {
     const glmrt_cuda_qgemm_operand *o = a->out;
-    int32_t slice_cols = 0;
-    GLMRT_TRY(glmrt_activation_slice_cols(a->num_rows, o->cols, &slice_cols, error));
+    int32_t sms = 0;
+    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
+    if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms) {
+        return glmrt_activation_launch_rows<OP>(a, stream, error);
+    }
+    const int32_t slice_cols = glmrt_activation_slice_cols(a->num_rows, o->cols, sms);
     dim3 grid((unsigned)a->num_rows, (unsigned)glmrt_ceil_div(o->cols, slice_cols));
     void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t,
                    int32_t) = o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8>
@@ -168,14 +169,6 @@ glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *ar
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "activation quantization of %d rows of %d columns into a buffer of %d rows needs 16-byte aligned rows",
                                args->num_rows, o->cols, o->capacity_rows);
-    }
-    int32_t sms = 0;
-    GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
-    if (o->cols <= GLMRT_ROW_COLS && args->num_rows >= 2 * sms) {
-        if (args->op == GLMRT_ACTIVATION_SILU_MUL) {
-            return glmrt_activation_launch_rows<GLMRT_ACTIVATION_SILU_MUL>(args, stream, error);
-        }
-        return glmrt_activation_launch_rows<GLMRT_ACTIVATION_COPY>(args, stream, error);
     }
     if (args->op == GLMRT_ACTIVATION_SILU_MUL) {
         return glmrt_activation_launch<GLMRT_ACTIVATION_SILU_MUL>(args, stream, error);

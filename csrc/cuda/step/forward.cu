@@ -262,13 +262,13 @@ static glmrt_status glmrt_layer_experts_native(glmrt_step_context *step, const g
     glmrt_cuda_workspace *ws = &st->ws;
     glmrt_cuda_matmuls *m = st->matmuls;
     int32_t assignments = step->counts->num_tokens * d->top_k;
+    const glmrt_cuda_qgemm_operand *rows = glmrt_step_operand(step, &glmrt_cuda_matmuls::rows);
     const int rows_rounded = layer->has_shared && layer->shared_gate_up.qgemm != nullptr &&
-                             glmrt_cuda_operand_gather_supported(glmrt_step_operand(step, &glmrt_cuda_matmuls::rows),
-                                                                 &m->expert_in);
+                             glmrt_cuda_operand_gather_supported(rows, &m->expert_in);
     const int32_t *num_sorted = ws->moe_counters + 1;
     if (rows_rounded) {
         glmrt_cuda_operand_gather_args gather;
-        gather.source = glmrt_step_operand(step, &glmrt_cuda_matmuls::rows);
+        gather.source = rows;
         gather.source_rows = ws->sorted_token;
         gather.num_rows = assignments;
         gather.device_rows = num_sorted;
