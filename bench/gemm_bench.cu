@@ -83,24 +83,28 @@ static void *glmrt_bench_aligned(size_t bytes)
     return memory;
 }
 
-static glmrt_cuda_matrix glmrt_bench_matrix(const glmrt_bench_shape &shape, uint8_t *data, float *scales)
+#define GLMRT_BENCH_SCALE_BLOCK_SIDE 128
+
+static glmrt_cuda_matrix glmrt_bench_matrix(const glmrt_bench_shape &shape, uint8_t *data, float *scales,
+                                            int32_t block_scales)
 {
     glmrt_cuda_matrix m;
     memset(&m, 0, sizeof(m));
     const int32_t fp8 = shape.format == GLMRT_CUDA_FORMAT_FP8;
+    const int32_t blocks = fp8 && block_scales;
     m.format = shape.format;
-    m.scale_kind = fp8 ? GLMRT_CUDA_SCALE_CHANNEL : GLMRT_CUDA_SCALE_NONE;
+    m.scale_kind = fp8 ? (blocks ? GLMRT_CUDA_SCALE_BLOCK : GLMRT_CUDA_SCALE_CHANNEL) : GLMRT_CUDA_SCALE_NONE;
     m.rows = shape.rows;
     m.cols = shape.cols;
-    m.block_rows = 1;
-    m.block_cols = shape.cols;
-    m.scale_rows = fp8 ? shape.rows : 0;
-    m.scale_cols = fp8 ? 1 : 0;
+    m.block_rows = blocks ? GLMRT_BENCH_SCALE_BLOCK_SIDE : 1;
+    m.block_cols = blocks ? GLMRT_BENCH_SCALE_BLOCK_SIDE : shape.cols;
+    m.scale_rows = fp8 ? (blocks ? glmrt_ceil_div(shape.rows, GLMRT_BENCH_SCALE_BLOCK_SIDE) : shape.rows) : 0;
+    m.scale_cols = fp8 ? (blocks ? glmrt_ceil_div(shape.cols, GLMRT_BENCH_SCALE_BLOCK_SIDE) : 1) : 0;
     m.num_segments = 1;
     m.segment_row_end[0] = shape.rows;
     m.num_groups = shape.experts > 0 ? shape.experts : 1;
     m.group_bytes = (int64_t)shape.rows * shape.cols * (fp8 ? 1 : 2);
-    m.group_scales = m.scale_rows;
+    m.group_scales = (int64_t)m.scale_rows * m.scale_cols;
     m.data = data;
     m.scale = fp8 ? scales : nullptr;
     return m;
@@ -120,6 +124,7 @@ typedef struct glmrt_bench_context {
     int32_t max_cols;
     glmrt_cuda_gemm_tile *tiles;
     int32_t *num_tiles;
+    int32_t block_scales;
 } glmrt_bench_context;
 
 typedef struct glmrt_bench_run {
@@ -216,8 +221,8 @@ static double glmrt_bench_time(const glmrt_bench_context *c, const glmrt_bench_r
     return samples[samples.size() / 2] * 1e-3 / GLMRT_BENCH_LAUNCHES;
 }
 
-static int glmrt_bench_copies(const glmrt_bench_shape &shape, int32_t num_sms, std::vector<glmrt_bench_copy> *out,
-                              float *scales, glmrt_error *error)
+static int glmrt_bench_copies(const glmrt_bench_context *c, const glmrt_bench_shape &shape,
+                              std::vector<glmrt_bench_copy> *out, glmrt_error *error)
 {
     const int64_t bytes = (int64_t)shape.rows * shape.cols * (shape.format == GLMRT_CUDA_FORMAT_FP8 ? 1 : 2) *
                           (shape.experts > 0 ? shape.experts : 1);
@@ -229,10 +234,10 @@ static int glmrt_bench_copies(const glmrt_bench_shape &shape, int32_t num_sms, s
         }
         glmrt_bench_fill_bytes<<<2048, 256>>>(data, bytes, 11u + (uint32_t)i, shape.format == GLMRT_CUDA_FORMAT_FP8);
         glmrt_bench_copy copy;
-        copy.m = glmrt_bench_matrix(shape, data, scales);
+        copy.m = glmrt_bench_matrix(shape, data, c->scales, c->block_scales);
         copy.q = (glmrt_cuda_qgemm_weight *)glmrt_bench_aligned(sizeof(glmrt_cuda_qgemm_weight));
         const int32_t allow_split = shape.experts == 0 && shape.format == GLMRT_CUDA_FORMAT_FP8;
-        if (copy.q == nullptr || !glmrt_bench_status(glmrt_cuda_qgemm_weight_prepare(&copy.m, num_sms, allow_split,
+        if (copy.q == nullptr || !glmrt_bench_status(glmrt_cuda_qgemm_weight_prepare(&copy.m, c->num_sms, allow_split,
                                                                                      copy.q, error),
                                                      error, "weight tensor map")) {
             return 0;
@@ -327,7 +332,7 @@ static int glmrt_bench_shape_run(glmrt_bench_context *c, const glmrt_bench_shape
                                  const std::vector<int32_t> &row_counts, int32_t with_high, glmrt_error *error)
 {
     std::vector<glmrt_bench_copy> copies;
-    if (!glmrt_bench_copies(shape, c->num_sms, &copies, c->scales, error)) {
+    if (!glmrt_bench_copies(c, shape, &copies, error)) {
         return 0;
     }
     const glmrt_cuda_qgemm_operand *operand = glmrt_bench_operand(c, shape, error);
@@ -407,9 +412,13 @@ static double glmrt_bench_copy_bandwidth(cudaStream_t stream)
 int main(int argc, char **argv)
 {
     int32_t with_high = 0;
+    int32_t block_scales = 1;
     const char *only = nullptr;
     for (int i = 1; i < argc; ++i) {
         with_high |= strcmp(argv[i], "--with-high") == 0;
+        if (strcmp(argv[i], "--channel-scales") == 0) {
+            block_scales = 0;
+        }
         if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
         }
@@ -429,6 +438,7 @@ int main(int argc, char **argv)
     };
     glmrt_bench_context c;
     memset(&c, 0, sizeof(c));
+    c.block_scales = block_scales;
     int device = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&c.num_sms, cudaDevAttrMultiProcessorCount, device);
@@ -462,8 +472,8 @@ int main(int argc, char **argv)
     cudaMemset(c.split.counters, 0, (size_t)c.split.num_counters * 4);
     glmrt_bench_fill_floats<<<1024, 256>>>(c.x, (int64_t)c.max_rows * c.max_cols, 7u, 0.0f, 2.0f);
     glmrt_bench_fill_floats<<<1024, 256>>>(c.scales, (int64_t)max_n * 160, 9u, 1e-3f, 1e-3f);
-    printf("{\"kind\": \"device\", \"copy_bytes_per_second\": %.6e, \"num_sms\": %d}\n",
-           glmrt_bench_copy_bandwidth(c.stream), c.num_sms);
+    printf("{\"kind\": \"device\", \"copy_bytes_per_second\": %.6e, \"num_sms\": %d, \"scales\": \"%s\"}\n",
+           glmrt_bench_copy_bandwidth(c.stream), c.num_sms, block_scales ? "block" : "channel");
     glmrt_error error;
     glmrt_error_clear(&error);
     const std::vector<int32_t> decode_rows = {1, 8, 16, 32, 64};

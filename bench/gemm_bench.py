@@ -16,6 +16,8 @@ def parse_args(argv):
     parser.add_argument("--binary", default=str(REPO_ROOT / "build" / "gemm_bench"),
                         help="the program build_cuda.sh builds from bench/gemm_bench.cu")
     parser.add_argument("--no-high", action="store_true", help="time only the native matmuls")
+    parser.add_argument("--channel-scales", action="store_true",
+                        help="FP8 weights with one scale a row instead of the checkpoint's 128x128 blocks")
     parser.add_argument("--json", help="write every measurement to this file")
     return parser.parse_args(argv)
 
@@ -59,8 +61,8 @@ def fp8_dense_rate(torch):
     return 2.0 * FP8_CUBE ** 3 / seconds
 
 
-def run_binary(path, with_high):
-    command = [path] + (["--with-high"] if with_high else [])
+def run_binary(path, with_high, channel_scales):
+    command = [path] + (["--with-high"] if with_high else []) + (["--channel-scales"] if channel_scales else [])
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
     failure = None
@@ -100,9 +102,10 @@ def main(argv):
     bandwidth = copy_bandwidth(torch)
     fp8_rate = fp8_dense_rate(torch)
     torch.cuda.empty_cache()
-    records, failure = run_binary(args.binary, not args.no_high)
+    records, failure = run_binary(args.binary, not args.no_high, args.channel_scales)
     device = next((r for r in records if r.get("kind") == "device"), {})
-    print(f"device: {torch.cuda.get_device_name()}, {device.get('num_sms', 0)} SMs")
+    print(f"device: {torch.cuda.get_device_name()}, {device.get('num_sms', 0)} SMs, FP8 weight scales: "
+          f"{device.get('scales', 'unknown')}")
     print(f"copy bandwidth (torch copy_, bytes read + written): {bandwidth * 1e-12:.2f} TB/s; "
           f"cudaMemcpy in the binary: {device.get('copy_bytes_per_second', 0.0) * 1e-12:.2f} TB/s")
     print(f"FP8 dense rate (torch._scaled_mm {FP8_CUBE}^3, row and column scales): {fp8_rate * 1e-12:.0f} TFLOP/s")

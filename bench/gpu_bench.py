@@ -153,17 +153,19 @@ def random_prompt(rng, length, vocab):
     return [int(t) for t in rng.integers(0, vocab, size=length)]
 
 
+def computed_tokens(requests):
+    return sum(r.info().num_computed_tokens for r in requests)
+
+
 def fill_contexts(engine, requests):
     pending = list(requests)
-    tokens = 0
+    before = computed_tokens(requests)
     start = time.perf_counter()
     while pending:
-        before = sum(r.info().num_computed_tokens for r in pending)
         step_tokens, _ = engine.step(pending)
-        after = sum(r.info().num_computed_tokens for r in pending)
-        tokens += after - before
         pending = [r for r, t in zip(pending, step_tokens) if t < 0]
-    return tokens, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return computed_tokens(requests) - before, seconds
 
 
 def time_decode(engine, requests, warmup, steps):

@@ -14,6 +14,8 @@
 #define GLMRT_QGEMM_PRODUCER_REGISTERS 56
 #define GLMRT_QGEMM_CONSUMER_REGISTERS 224
 #define GLMRT_QGEMM_STAGE_CAP 8
+#define GLMRT_QGEMM_SINGLE_SMEM_BUDGET (104 * 1024)
+#define GLMRT_QGEMM_PAIR_SMEM_BUDGET (200 * 1024)
 
 typedef struct glmrt_qgemm_params {
     glmrt_cuda_matrix w;
@@ -50,7 +52,8 @@ struct glmrt_qgemm_shape {
     static constexpr int b_bytes = BN * GLMRT_TENSOR_MAP_ROW_BYTES;
     static constexpr int stage_bytes = a_bytes + b_bytes;
     static constexpr int fold_bytes = FOLD ? consumer_threads * (BN / 2) * 4 : 0;
-    static constexpr int budget = (consumers == 1 ? 104 * 1024 : 200 * 1024) - fold_bytes;
+    static constexpr int budget =
+        (consumers == 1 ? GLMRT_QGEMM_SINGLE_SMEM_BUDGET : GLMRT_QGEMM_PAIR_SMEM_BUDGET) - fold_bytes;
     static constexpr int fit = budget / stage_bytes;
     static constexpr int stages = fit > GLMRT_QGEMM_STAGE_CAP ? GLMRT_QGEMM_STAGE_CAP : fit;
     static constexpr int smem_bytes =
@@ -58,6 +61,7 @@ struct glmrt_qgemm_shape {
     static constexpr int acc = BN / 2;
     static constexpr bool promoted = KIND == GLMRT_OPERAND_FP8;
     static constexpr int promotions = promoted ? GLMRT_QGEMM_K_STEPS / PROMOTE : 1;
+    static constexpr bool two_partials = promoted && consumers == 2;
     static_assert(BN % box_rows == 0, "token tiles are whole TMA boxes");
     static_assert(stages >= 2, "the pipeline needs two stages");
     static_assert(GLMRT_QGEMM_K_STEPS % PROMOTE == 0, "promotion steps divide a k block");
@@ -295,60 +299,97 @@ __device__ __forceinline__ bool glmrt_qgemm_gather_splits(const glmrt_qgemm_para
     return true;
 }
 
-template <int KIND, int SCALE, int PROMOTE, int BN>
-__device__ __forceinline__ void glmrt_qgemm_block_mma(float *acc, float *part, const uint8_t *at, int consumer,
-                                                      const float *group_scale, int32_t scale_row0,
-                                                      int32_t scale_row1, int32_t kb, int32_t block_cols,
-                                                      int32_t scale_cols, bool range_start, uint64_t *empty,
-                                                      int lane)
+typedef struct glmrt_qgemm_cursor {
+    int32_t stage;
+    uint32_t phase;
+} glmrt_qgemm_cursor;
+
+template <int STAGES>
+__device__ __forceinline__ void glmrt_qgemm_cursor_next(glmrt_qgemm_cursor *cursor)
 {
-    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, 0> shape;
-    const uint64_t a_desc = glmrt_wgmma_descriptor(at + consumer * shape::weight_tile_bytes);
-    const uint64_t b_desc = glmrt_wgmma_descriptor(at + shape::a_bytes);
-    if constexpr (shape::promoted) {
+    if (++cursor->stage == STAGES) {
+        cursor->stage = 0;
+        cursor->phase ^= 1u;
+    }
+}
+
+typedef struct glmrt_qgemm_pipe {
+    const uint8_t *tiles;
+    uint64_t *full;
+    uint64_t *empty;
+    glmrt_qgemm_cursor issue;
+    glmrt_qgemm_cursor settle;
+} glmrt_qgemm_pipe;
+
+typedef struct glmrt_qgemm_scale_rows {
+    const float *group_scale;
+    int32_t row0;
+    int32_t row1;
+    int32_t block_cols;
+    int32_t scale_cols;
+} glmrt_qgemm_scale_rows;
+
+template <int SCALE, int PROMOTE>
+__device__ __forceinline__ float2 glmrt_qgemm_group_scale(const glmrt_qgemm_scale_rows &rows, int32_t kb, int q)
+{
+    if constexpr (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+        const int32_t w_block =
+            min((kb * GLMRT_TENSOR_MAP_ROW_BYTES + q * PROMOTE * 32) / rows.block_cols, rows.scale_cols - 1);
+        return make_float2(__ldg(rows.group_scale + rows.row0 + w_block), __ldg(rows.group_scale + rows.row1 + w_block));
+    }
+    return make_float2(1.0f, 1.0f);
+}
+
+template <typename SHAPE, int KIND, int SCALE, int PROMOTE>
+__device__ __forceinline__ float2 glmrt_qgemm_issue_group(float *part, glmrt_qgemm_pipe *pipe, int32_t kb, int q,
+                                                          int consumer, const glmrt_qgemm_scale_rows &rows,
+                                                          bool accumulate)
+{
+    glmrt_qgemm_cursor *cursor = &pipe->issue;
+    if (q == 0) {
+        glmrt_mbarrier_wait(&pipe->full[cursor->stage], cursor->phase);
+    }
+    const float2 scale = glmrt_qgemm_group_scale<SCALE, PROMOTE>(rows, kb, q);
+    const uint8_t *at = pipe->tiles + cursor->stage * SHAPE::stage_bytes;
+    const uint64_t a_desc = glmrt_wgmma_descriptor(at + consumer * SHAPE::weight_tile_bytes);
+    const uint64_t b_desc = glmrt_wgmma_descriptor(at + SHAPE::a_bytes);
+    glmrt_wgmma_fence_registers<SHAPE::acc>(part);
+    glmrt_wgmma_fence();
 #pragma unroll
-        for (int q = 0; q < shape::promotions; ++q) {
-            glmrt_wgmma_fence_registers<shape::acc>(part);
-            glmrt_wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < PROMOTE; ++s) {
-                const int step = q * PROMOTE + s;
-                glmrt_wgmma<KIND, BN>(part, a_desc + 2 * step, b_desc + 2 * step, s > 0);
-            }
-            glmrt_wgmma_commit();
-            glmrt_wgmma_wait_all();
-            glmrt_wgmma_fence_registers<shape::acc>(part);
-            if (q == shape::promotions - 1 && lane == 0) {
-                glmrt_mbarrier_arrive(empty);
-            }
-            if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
-                const int32_t w_block =
-                    min((kb * GLMRT_TENSOR_MAP_ROW_BYTES + q * PROMOTE * 32) / block_cols, scale_cols - 1);
-                const float s0 = __ldg(group_scale + scale_row0 + w_block);
-                const float s1 = __ldg(group_scale + scale_row1 + w_block);
-#pragma unroll
-                for (int i = 0; i < shape::acc; ++i) {
-                    acc[i] = __fmaf_rn(part[i], glmrt_qgemm_fragment_row(i) ? s1 : s0, acc[i]);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < shape::acc; ++i) {
-                    acc[i] = __fadd_rn(acc[i], part[i]);
-                }
-            }
-        }
-    } else {
-        glmrt_wgmma_fence_registers<shape::acc>(acc);
-        glmrt_wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < GLMRT_QGEMM_K_STEPS; ++s) {
-            glmrt_wgmma<KIND, BN>(acc, a_desc + 2 * s, b_desc + 2 * s, (s > 0 || !range_start) ? 1 : 0);
-        }
-        glmrt_wgmma_commit();
-        glmrt_wgmma_wait_all();
-        glmrt_wgmma_fence_registers<shape::acc>(acc);
+    for (int s = 0; s < PROMOTE; ++s) {
+        const int step = q * PROMOTE + s;
+        glmrt_wgmma<KIND, SHAPE::bn>(part, a_desc + 2 * step, b_desc + 2 * step, (s > 0 || accumulate) ? 1 : 0);
+    }
+    glmrt_wgmma_commit();
+    if (q == SHAPE::promotions - 1) {
+        glmrt_qgemm_cursor_next<SHAPE::stages>(cursor);
+    }
+    return scale;
+}
+
+template <typename SHAPE>
+__device__ __forceinline__ void glmrt_qgemm_settle_group(float *part, glmrt_qgemm_pipe *pipe, int q, int lane)
+{
+    glmrt_wgmma_fence_registers<SHAPE::acc>(part);
+    if (q == SHAPE::promotions - 1) {
         if (lane == 0) {
-            glmrt_mbarrier_arrive(empty);
+            glmrt_mbarrier_arrive(&pipe->empty[pipe->settle.stage]);
+        }
+        glmrt_qgemm_cursor_next<SHAPE::stages>(&pipe->settle);
+    }
+}
+
+template <typename SHAPE, int SCALE>
+__device__ __forceinline__ void glmrt_qgemm_promote_group(float *acc, float *part, float2 scale,
+                                                          glmrt_qgemm_pipe *pipe, int q, int lane)
+{
+    glmrt_qgemm_settle_group<SHAPE>(part, pipe, q, lane);
+#pragma unroll
+    for (int i = 0; i < SHAPE::acc; ++i) {
+        if constexpr (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+            acc[i] = __fmaf_rn(part[i], glmrt_qgemm_fragment_row(i) ? scale.y : scale.x, acc[i]);
+        } else {
+            acc[i] = __fadd_rn(acc[i], part[i]);
         }
     }
 }
@@ -363,6 +404,83 @@ __device__ __forceinline__ void glmrt_qgemm_fold(float *total, float *acc, bool 
     }
 }
 
+template <typename SHAPE, int KIND, int SCALE, int PROMOTE, int FOLD>
+__device__ __forceinline__ bool glmrt_qgemm_mainloop_promoted(const glmrt_qgemm_params &p,
+                                                              const glmrt_qgemm_segment &segment,
+                                                              glmrt_qgemm_pipe *pipe, float *acc, float *total,
+                                                              int consumer, int lane, const glmrt_qgemm_scale_rows &rows)
+{
+    float part_a[SHAPE::acc];
+    float part_b[SHAPE::two_partials ? SHAPE::acc : 1];
+    bool first_range = true;
+    const int32_t groups = (segment.k_end - segment.k_begin) * SHAPE::promotions;
+    auto issue_group = [&](float *part, int32_t g) {
+        return glmrt_qgemm_issue_group<SHAPE, KIND, SCALE, PROMOTE>(
+            part, pipe, segment.k_begin + g / SHAPE::promotions, g % SHAPE::promotions, consumer, rows, false);
+    };
+    auto promote_group = [&](float *part, float2 scale, int32_t g) {
+        const int32_t kb = segment.k_begin + g / SHAPE::promotions;
+        const int q = g % SHAPE::promotions;
+        if (FOLD && q == 0 && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
+            glmrt_qgemm_fold<SHAPE::acc, SHAPE::consumer_threads>(total, acc, first_range);
+            first_range = false;
+        }
+        glmrt_qgemm_promote_group<SHAPE, SCALE>(acc, part, scale, pipe, q, lane);
+    };
+    if constexpr (!SHAPE::two_partials) {
+        for (int32_t g = 0; g < groups; ++g) {
+            const float2 scale = issue_group(part_a, g);
+            glmrt_wgmma_wait_all();
+            promote_group(part_a, scale, g);
+        }
+        return first_range;
+    }
+    float2 scale_a = issue_group(part_a, 0);
+    int32_t g = 0;
+    for (; g + 2 < groups; g += 2) {
+        const float2 scale_b = issue_group(part_b, g + 1);
+        glmrt_wgmma_wait_all_but_one();
+        promote_group(part_a, scale_a, g);
+        scale_a = issue_group(part_a, g + 2);
+        glmrt_wgmma_wait_all_but_one();
+        promote_group(part_b, scale_b, g + 1);
+    }
+    if (g + 1 < groups) {
+        const float2 scale_b = issue_group(part_b, g + 1);
+        glmrt_wgmma_wait_all_but_one();
+        promote_group(part_a, scale_a, g);
+        glmrt_wgmma_wait_all();
+        promote_group(part_b, scale_b, g + 1);
+    } else {
+        glmrt_wgmma_wait_all();
+        promote_group(part_a, scale_a, g);
+    }
+    return first_range;
+}
+
+template <typename SHAPE, int KIND, int SCALE, int PROMOTE>
+__device__ __forceinline__ bool glmrt_qgemm_mainloop_plain(const glmrt_qgemm_params &p,
+                                                           const glmrt_qgemm_segment &segment, glmrt_qgemm_pipe *pipe,
+                                                           float *acc, float *total, int consumer, int lane,
+                                                           const glmrt_qgemm_scale_rows &rows)
+{
+    static_assert(PROMOTE == GLMRT_QGEMM_K_STEPS, "without promotion a K block is one group of products");
+    bool first_range = true;
+    bool range_start = true;
+    for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
+        if (SHAPE::fold_bytes > 0 && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
+            glmrt_qgemm_fold<SHAPE::acc, SHAPE::consumer_threads>(total, acc, first_range);
+            first_range = false;
+            range_start = true;
+        }
+        glmrt_qgemm_issue_group<SHAPE, KIND, SCALE, PROMOTE>(acc, pipe, kb, 0, consumer, rows, !range_start);
+        glmrt_wgmma_wait_all();
+        glmrt_qgemm_settle_group<SHAPE>(acc, pipe, 0, lane);
+        range_start = false;
+    }
+    return first_range;
+}
+
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
 __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p, int32_t units, uint8_t *tiles,
                                                     uint64_t *full, uint64_t *empty, float *fold_totals,
@@ -372,16 +490,10 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
     const int warp = local / 32;
     const int lane = local % 32;
     float acc[shape::acc];
-    float part[shape::promoted ? shape::acc : 1];
     float *total = fold_totals + threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < (shape::promoted ? shape::acc : 1); ++i) {
-        part[i] = 0.0f;
-    }
     glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, shape::consumers);
     glmrt_qgemm_segment segment;
-    int stage = 0;
-    uint32_t phase = 0;
+    glmrt_qgemm_pipe pipe = {tiles, full, empty, {0, 0u}, {0, 0u}};
     while (glmrt_qgemm_walk_next(p, &walk, &segment)) {
         int32_t group;
         int32_t row_begin;
@@ -389,34 +501,27 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
         glmrt_qgemm_token_tile(p, segment.token_tile, BN, &group, &row_begin, &count);
         const int32_t tile = segment.tile * shape::consumers + consumer;
         const int32_t row0 = tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
-        const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
-        int32_t scale_row0 = 0;
-        int32_t scale_row1 = 0;
+        glmrt_qgemm_scale_rows rows;
+        rows.group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
+        rows.row0 = 0;
+        rows.row1 = 0;
+        rows.block_cols = p.w.block_cols;
+        rows.scale_cols = p.w.scale_cols;
         if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
-            scale_row0 = glmrt_cuda_matrix_row_block(&p.w, min(row0, p.w.rows - 1)) * p.w.scale_cols;
-            scale_row1 = glmrt_cuda_matrix_row_block(&p.w, min(row0 + 8, p.w.rows - 1)) * p.w.scale_cols;
+            rows.row0 = glmrt_cuda_matrix_row_block(&p.w, min(row0, p.w.rows - 1)) * p.w.scale_cols;
+            rows.row1 = glmrt_cuda_matrix_row_block(&p.w, min(row0 + 8, p.w.rows - 1)) * p.w.scale_cols;
         }
 #pragma unroll
         for (int i = 0; i < shape::acc; ++i) {
             acc[i] = 0.0f;
         }
-        bool first_range = true;
-        bool range_start = true;
-        for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
-            if (FOLD && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
-                glmrt_qgemm_fold<shape::acc, shape::consumer_threads>(total, acc, first_range);
-                first_range = false;
-                range_start = true;
-            }
-            glmrt_mbarrier_wait(&full[stage], phase);
-            glmrt_qgemm_block_mma<KIND, SCALE, PROMOTE, BN>(acc, part, tiles + stage * shape::stage_bytes, consumer,
-                                                            group_scale, scale_row0, scale_row1, kb, p.w.block_cols,
-                                                            p.w.scale_cols, range_start, &empty[stage], lane);
-            range_start = false;
-            if (++stage == shape::stages) {
-                stage = 0;
-                phase ^= 1u;
-            }
+        bool first_range;
+        if constexpr (shape::promoted) {
+            first_range = glmrt_qgemm_mainloop_promoted<shape, KIND, SCALE, PROMOTE, FOLD>(
+                p, segment, &pipe, acc, total, consumer, lane, rows);
+        } else {
+            first_range = glmrt_qgemm_mainloop_plain<shape, KIND, SCALE, PROMOTE>(
+                p, segment, &pipe, acc, total, consumer, lane, rows);
         }
         if constexpr (FOLD) {
             if (!first_range) {

@@ -99,6 +99,11 @@ __device__ __forceinline__ void glmrt_wgmma_wait_all()
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void glmrt_wgmma_wait_all_but_one()
+{
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+
 template <int COUNT>
 __device__ __forceinline__ void glmrt_wgmma_fence_registers(float *values)
 {
