@@ -3,12 +3,23 @@
 #include "device_math.cuh"
 #include "router.cuh"
 
-#define GLMRT_ROUTER_WARPS 8
-#define GLMRT_ROUTER_TOKENS 8
-#define GLMRT_ROUTER_CHUNK 1024
 #define GLMRT_ROUTER_LANE_COLS 4
 #define GLMRT_ROUTER_WARP_COLS (32 * GLMRT_ROUTER_LANE_COLS)
-#define GLMRT_ROUTER_STEPS (GLMRT_ROUTER_CHUNK / GLMRT_ROUTER_WARP_COLS)
+#define GLMRT_ROUTER_WIDE_TOKENS 128
+
+template <int WARPS, int TOKENS, int EXPERTS, int CHUNK>
+struct glmrt_router_tile {
+    static constexpr int warps = WARPS;
+    static constexpr int tokens = TOKENS;
+    static constexpr int experts = EXPERTS;
+    static constexpr int chunk = CHUNK;
+    static constexpr int steps = CHUNK / GLMRT_ROUTER_WARP_COLS;
+    static constexpr int block_experts = WARPS * EXPERTS;
+    static_assert(CHUNK % GLMRT_ROUTER_WARP_COLS == 0, "a chunk is whole warp-wide column steps");
+};
+
+typedef glmrt_router_tile<8, 8, 1, 1024> glmrt_router_narrow;
+typedef glmrt_router_tile<8, 16, 2, 512> glmrt_router_wide;
 
 template <int FORMAT>
 __device__ __forceinline__ float4 glmrt_router_weights(const uint8_t *row, int32_t col)
@@ -29,42 +40,55 @@ __device__ __forceinline__ float glmrt_router_dot4(float4 w, float4 x, float acc
     return __fmaf_rn(w.w, x.w, acc);
 }
 
-template <int FORMAT>
-__device__ __forceinline__ void glmrt_router_chunk_weights(float4 *weights, const uint8_t *row, int32_t base,
-                                                           int32_t width, int lane)
+template <int FORMAT, typename TILE>
+__device__ __forceinline__ void glmrt_router_chunk_weights(float4 (*weights)[TILE::steps],
+                                                           const uint8_t *const *rows, int32_t base, int32_t width,
+                                                           int lane)
 {
 #pragma unroll
-    for (int s = 0; s < GLMRT_ROUTER_STEPS; ++s) {
-        const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
-        weights[s] = c < width ? glmrt_router_weights<FORMAT>(row, base + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int e = 0; e < TILE::experts; ++e) {
+#pragma unroll
+        for (int s = 0; s < TILE::steps; ++s) {
+            const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
+            weights[e][s] =
+                c < width ? glmrt_router_weights<FORMAT>(rows[e], base + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
 }
 
-template <int FORMAT>
-__global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
+template <int FORMAT, typename TILE>
+__global__ void __launch_bounds__(TILE::warps * 32)
     glmrt_router_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens, float *logits,
                         int64_t logits_stride)
 {
-    __shared__ __align__(16) float tile[GLMRT_ROUTER_TOKENS][GLMRT_ROUTER_CHUNK];
+    __shared__ __align__(16) float tile[TILE::tokens][TILE::chunk];
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int32_t expert = (int32_t)blockIdx.x * GLMRT_ROUTER_WARPS + warp;
-    const int32_t first_token = (int32_t)blockIdx.y * GLMRT_ROUTER_TOKENS;
-    const int32_t tokens = min(GLMRT_ROUTER_TOKENS, num_tokens - first_token);
-    const uint8_t *row = w.data + (int64_t)min(expert, w.rows - 1) * w.cols * (FORMAT == GLMRT_CUDA_FORMAT_F32 ? 4 : 2);
-    float4 weights[GLMRT_ROUTER_STEPS];
-    glmrt_router_chunk_weights<FORMAT>(weights, row, 0, min(GLMRT_ROUTER_CHUNK, w.cols), lane);
-    glmrt_dependent_enter();
-    float acc[GLMRT_ROUTER_TOKENS];
+    const int32_t first_expert = ((int32_t)blockIdx.x * TILE::warps + warp) * TILE::experts;
+    const int32_t first_token = (int32_t)blockIdx.y * TILE::tokens;
+    const int32_t tokens = min(TILE::tokens, num_tokens - first_token);
+    const int64_t row_bytes = (int64_t)w.cols * (FORMAT == GLMRT_CUDA_FORMAT_F32 ? 4 : 2);
+    const uint8_t *rows[TILE::experts];
 #pragma unroll
-    for (int t = 0; t < GLMRT_ROUTER_TOKENS; ++t) {
-        acc[t] = 0.0f;
+    for (int e = 0; e < TILE::experts; ++e) {
+        rows[e] = w.data + (int64_t)min(first_expert + e, w.rows - 1) * row_bytes;
     }
-    for (int32_t base = 0; base < w.cols; base += GLMRT_ROUTER_CHUNK) {
-        const int32_t width = min(GLMRT_ROUTER_CHUNK, w.cols - base);
+    float4 weights[TILE::experts][TILE::steps];
+    glmrt_router_chunk_weights<FORMAT, TILE>(weights, rows, 0, min(TILE::chunk, w.cols), lane);
+    glmrt_dependent_enter();
+    float acc[TILE::experts][TILE::tokens];
+#pragma unroll
+    for (int e = 0; e < TILE::experts; ++e) {
+#pragma unroll
+        for (int t = 0; t < TILE::tokens; ++t) {
+            acc[e][t] = 0.0f;
+        }
+    }
+    for (int32_t base = 0; base < w.cols; base += TILE::chunk) {
+        const int32_t width = min(TILE::chunk, w.cols - base);
         const int32_t quads = width / 4;
         if (base > 0) {
-            glmrt_router_chunk_weights<FORMAT>(weights, row, base, width, lane);
+            glmrt_router_chunk_weights<FORMAT, TILE>(weights, rows, base, width, lane);
         }
         __syncthreads();
 #pragma unroll 8
@@ -76,27 +100,50 @@ __global__ void __launch_bounds__(GLMRT_ROUTER_WARPS * 32)
         }
         __syncthreads();
 #pragma unroll
-        for (int s = 0; s < GLMRT_ROUTER_STEPS; ++s) {
+        for (int s = 0; s < TILE::steps; ++s) {
             const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
             if (c < width) {
 #pragma unroll
-                for (int t = 0; t < GLMRT_ROUTER_TOKENS; ++t) {
+                for (int t = 0; t < TILE::tokens; ++t) {
                     if (t < tokens) {
-                        acc[t] = glmrt_router_dot4(weights[s], *reinterpret_cast<const float4 *>(&tile[t][c]), acc[t]);
+                        const float4 xt = *reinterpret_cast<const float4 *>(&tile[t][c]);
+#pragma unroll
+                        for (int e = 0; e < TILE::experts; ++e) {
+                            acc[e][t] = glmrt_router_dot4(weights[e][s], xt, acc[e][t]);
+                        }
                     }
                 }
             }
         }
     }
 #pragma unroll
-    for (int t = 0; t < GLMRT_ROUTER_TOKENS; ++t) {
-        acc[t] = glmrt_warp_sum(acc[t]);
-    }
-    if (lane == 0 && expert < w.rows) {
-        for (int t = 0; t < tokens; ++t) {
-            logits[(int64_t)(first_token + t) * logits_stride + expert] = acc[t];
+    for (int e = 0; e < TILE::experts; ++e) {
+#pragma unroll
+        for (int t = 0; t < TILE::tokens; ++t) {
+            acc[e][t] = glmrt_warp_sum(acc[e][t]);
+        }
+        if (lane == 0 && first_expert + e < w.rows) {
+            for (int t = 0; t < tokens; ++t) {
+                logits[(int64_t)(first_token + t) * logits_stride + first_expert + e] = acc[e][t];
+            }
         }
     }
+}
+
+typedef void (*glmrt_router_kernel_fn)(glmrt_cuda_matrix, const float *, int64_t, int32_t, float *, int64_t);
+
+template <typename TILE>
+static glmrt_status glmrt_router_launch(const glmrt_cuda_matrix *w, const float *x, int64_t x_stride,
+                                        int32_t num_tokens, float *logits, int64_t logits_stride,
+                                        cudaStream_t stream, glmrt_error *error)
+{
+    dim3 grid((unsigned)glmrt_ceil_div(w->rows, TILE::block_experts), (unsigned)glmrt_ceil_div(num_tokens, TILE::tokens));
+    glmrt_router_kernel_fn kernel = w->format == GLMRT_CUDA_FORMAT_F32 ? glmrt_router_kernel<GLMRT_CUDA_FORMAT_F32, TILE>
+                                                                       : glmrt_router_kernel<GLMRT_CUDA_FORMAT_BF16, TILE>;
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, TILE::warps * 32, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride));
+    return GLMRT_OK;
 }
 
 int glmrt_cuda_router_supports(const glmrt_cuda_matrix *w)
@@ -117,12 +164,8 @@ glmrt_status glmrt_cuda_router_logits(const glmrt_cuda_matrix *w, const float *x
                                "the router kernel takes BF16 or F32 weights and 16-byte aligned f32 rows, got format %d",
                                w->format);
     }
-    dim3 grid((unsigned)glmrt_ceil_div(w->rows, GLMRT_ROUTER_WARPS), (unsigned)glmrt_ceil_div(num_tokens, GLMRT_ROUTER_TOKENS));
-    void (*kernel)(glmrt_cuda_matrix, const float *, int64_t, int32_t, float *, int64_t) =
-        w->format == GLMRT_CUDA_FORMAT_F32 ? glmrt_router_kernel<GLMRT_CUDA_FORMAT_F32>
-                                           : glmrt_router_kernel<GLMRT_CUDA_FORMAT_BF16>;
-    glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ROUTER_WARPS * 32, 0, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride));
-    return GLMRT_OK;
+    if (num_tokens >= GLMRT_ROUTER_WIDE_TOKENS) {
+        return glmrt_router_launch<glmrt_router_wide>(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
+    }
+    return glmrt_router_launch<glmrt_router_narrow>(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
 }
