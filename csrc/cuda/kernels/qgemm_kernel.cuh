@@ -427,6 +427,9 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_promoted(const glmrt_qgemm_
         }
         glmrt_qgemm_promote_group<SHAPE, SCALE>(acc, part, scale, pipe, q, lane);
     };
+    if (groups <= 0) {
+        return first_range;
+    }
     if constexpr (!SHAPE::two_partials) {
         for (int32_t g = 0; g < groups; ++g) {
             const float2 scale = issue_group(part_a, g);
