@@ -72,6 +72,12 @@ __device__ __forceinline__ void glmrt_bf16x2_to_float2(uint32_t word, float *out
     out[1] = __uint_as_float(word & 0xffff0000u);
 }
 
+__device__ __forceinline__ float4 glmrt_bf16x4_to_float4(uint32_t low, uint32_t high)
+{
+    return make_float4(__uint_as_float(low << 16), __uint_as_float(low & 0xffff0000u), __uint_as_float(high << 16),
+                       __uint_as_float(high & 0xffff0000u));
+}
+
 __device__ __forceinline__ float glmrt_silu_times(float gate, float up)
 {
     return gate / (1.0f + expf(-gate)) * up;

@@ -16,10 +16,8 @@ __device__ __forceinline__ void glmrt_embed_bf16_row(const uint16_t *row, int32_
 #pragma unroll 4
         for (int32_t v = threadIdx.x; v < vectors; v += blockDim.x) {
             const uint4 bits = packed[v];
-            wide_out[2 * v] = make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
-                                          __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u));
-            wide_out[2 * v + 1] = make_float4(__uint_as_float(bits.z << 16), __uint_as_float(bits.z & 0xffff0000u),
-                                              __uint_as_float(bits.w << 16), __uint_as_float(bits.w & 0xffff0000u));
+            wide_out[2 * v] = glmrt_bf16x4_to_float4(bits.x, bits.y);
+            wide_out[2 * v + 1] = glmrt_bf16x4_to_float4(bits.z, bits.w);
         }
         return;
     }

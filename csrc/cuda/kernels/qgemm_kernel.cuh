@@ -137,9 +137,18 @@ __device__ __forceinline__ bool glmrt_qgemm_walk_next(const glmrt_qgemm_params &
 
 __device__ __forceinline__ int32_t glmrt_qgemm_units(const glmrt_qgemm_params &p, int consumers)
 {
+    if (p.split_units) {
+        return 0;
+    }
     const int32_t cta_tiles = (p.weight_tiles + consumers - 1) / consumers;
     const int32_t token_tiles = p.tiles != nullptr ? *p.num_tiles : p.token_tiles;
     return token_tiles * cta_tiles;
+}
+
+__device__ __forceinline__ int32_t glmrt_qgemm_weight_row(const glmrt_qgemm_params &p, int32_t group,
+                                                          const glmrt_qgemm_segment &segment, int consumers)
+{
+    return group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * consumers;
 }
 
 __device__ __forceinline__ void glmrt_qgemm_token_tile(const glmrt_qgemm_params &p, int32_t token_tile, int bn,
@@ -168,12 +177,11 @@ template <typename SHAPE, int KIND>
 __device__ __forceinline__ int32_t glmrt_qgemm_preload_weights(const CUtensorMap *w_map, const glmrt_qgemm_params &p,
                                                                uint8_t *tiles, uint64_t *full)
 {
-    const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, SHAPE::consumers);
-    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, SHAPE::consumers);
+    glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, glmrt_qgemm_units(p, SHAPE::consumers), SHAPE::consumers);
     glmrt_qgemm_segment segment;
     int32_t issued = 0;
     while (issued < SHAPE::stages && glmrt_qgemm_walk_next(p, &walk, &segment)) {
-        const int32_t w_outer = segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * SHAPE::consumers;
+        const int32_t w_outer = glmrt_qgemm_weight_row(p, 0, segment, SHAPE::consumers);
         for (int32_t kb = segment.k_begin; kb < segment.k_end && issued < SHAPE::stages; ++kb, ++issued) {
             glmrt_mbarrier_expect_bytes(&full[issued], SHAPE::stage_bytes);
             glmrt_tma_load_2d(tiles + issued * SHAPE::stage_bytes, w_map, &full[issued],
@@ -198,7 +206,7 @@ __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, co
         int32_t row_begin;
         int32_t count;
         glmrt_qgemm_token_tile(p, segment.token_tile, SHAPE::bn, &group, &row_begin, &count);
-        const int32_t w_outer = group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * SHAPE::consumers;
+        const int32_t w_outer = glmrt_qgemm_weight_row(p, group, segment, SHAPE::consumers);
         for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb, ++issued) {
             uint8_t *at = tiles + stage * SHAPE::stage_bytes;
             const int32_t inner = kb * glmrt_operand_block_elements(KIND);
@@ -581,7 +589,7 @@ __global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FO
             const int32_t preloaded = p.tiles == nullptr ? glmrt_qgemm_preload_weights<shape, KIND>(&w_map, p, tiles, full)
                                                          : 0;
             glmrt_dependent_enter();
-            const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, shape::consumers);
+            const int32_t units = glmrt_qgemm_units(p, shape::consumers);
             glmrt_qgemm_produce<shape, KIND>(&w_map, &x_map, p, units, preloaded, tiles, full, empty);
         } else {
             glmrt_dependent_enter();
@@ -591,7 +599,7 @@ __global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FO
             glmrt_registers_raise<GLMRT_QGEMM_CONSUMER_REGISTERS>();
         }
         glmrt_dependent_enter();
-        const int32_t units = p.split_units ? 0 : glmrt_qgemm_units(p, shape::consumers);
+        const int32_t units = glmrt_qgemm_units(p, shape::consumers);
         glmrt_qgemm_consume<KIND, SCALE, PROMOTE, BN, FOLD>(p, units, tiles, full, empty, fold_totals,
                                                             (int)threadIdx.x / 128,
                                                             (int)threadIdx.x % 128, &last_contribution);

@@ -28,8 +28,7 @@ __device__ __forceinline__ float4 glmrt_router_weights(const uint8_t *row, int32
         return *reinterpret_cast<const float4 *>(row + (int64_t)col * 4);
     }
     const uint2 bits = *reinterpret_cast<const uint2 *>(row + (int64_t)col * 2);
-    return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
-                       __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u));
+    return glmrt_bf16x4_to_float4(bits.x, bits.y);
 }
 
 __device__ __forceinline__ float glmrt_router_dot4(float4 w, float4 x, float acc)
