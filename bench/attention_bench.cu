@@ -20,6 +20,7 @@ typedef struct glmrt_bench_case {
     int32_t batch;
     int32_t context;
     int32_t chunk;
+    int32_t prefill_path;
 } glmrt_bench_case;
 
 typedef struct glmrt_bench_batch {
@@ -169,6 +170,7 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
     args.out_stride = (int64_t)num_heads * GLMRT_BENCH_HEAD_DIM;
     args.partial_out = partial_out;
     args.partial_stats = partial_stats;
+    args.prefill_path = c->prefill_path;
     const int decode = c->chunk == 0;
     args.items = decode ? view.decode_items : view.prefill_items;
     args.num_items = decode ? counts.num_decode_items : counts.num_prefill_items;
@@ -216,8 +218,14 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
 int main(void)
 {
     const glmrt_bench_case cases[] = {
-        {"decode", 64, 1024, 0},   {"decode", 256, 1024, 0}, {"decode", 8, 8192, 0},
-        {"decode", 1, 32768, 0},   {"prefill", 1, 2048, 2048}, {"prefill", 1, 8192, 2048},
+        {"decode", 64, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO},
+        {"decode", 256, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO},
+        {"decode", 8, 8192, 0, GLMRT_ATTENTION_PREFILL_AUTO},
+        {"decode", 1, 32768, 0, GLMRT_ATTENTION_PREFILL_AUTO},
+        {"prefill", 1, 2048, 2048, GLMRT_ATTENTION_PREFILL_AUTO},
+        {"prefill", 1, 8192, 2048, GLMRT_ATTENTION_PREFILL_AUTO},
+        {"prefill mma.sync", 1, 2048, 2048, GLMRT_ATTENTION_PREFILL_MMA},
+        {"prefill mma.sync", 1, 8192, 2048, GLMRT_ATTENTION_PREFILL_MMA},
     };
     const int32_t num_pages = 256 * 1024 / GLMRT_BENCH_PAGE_SIZE + 64;
     const int32_t num_heads = GLMRT_BENCH_KV_HEADS * GLMRT_BENCH_GROUP;

@@ -114,6 +114,7 @@ typedef struct glmrt_attention_data {
     int64_t q_stride;
     int32_t num_heads;
     int32_t grid_limit;
+    int32_t prefill_path;
     glmrt_cuda_step_counts counts;
 } glmrt_attention_data;
 
@@ -129,6 +130,7 @@ static void glmrt_attention_fill(glmrt_attention_data *a, const glmrt_attention_
 {
     glmrt_fake_batch_build(&a->f, seqs, s, rng);
     a->grid_limit = 0;
+    a->prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
     a->num_heads = s->num_kv_heads * s->group;
     size_t cache_elements = (size_t)s->num_layers * 2 * s->num_kv_heads * s->page_size * s->head_dim * s->num_pages;
     a->cache.resize(cache_elements);
@@ -196,6 +198,7 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
     args.out_stride = (int64_t)a->num_heads * hd;
     args.partial_out = d_partial;
     args.partial_stats = d_stats;
+    args.prefill_path = a->prefill_path;
     args.items = view.decode_items;
     args.num_items = a->counts.num_decode_items;
     if (a->grid_limit > 0) {
@@ -351,6 +354,29 @@ static int glmrt_attention_ran(glmrt_test_report *report, glmrt_status status, c
     return 0;
 }
 
+static void glmrt_check_prefill_paths(glmrt_test_report *report, const glmrt_attention_data *a,
+                                      const glmrt_attention_setup *s, const glmrt_cuda_split_policy *policy,
+                                      const std::vector<int32_t> &tokens, const char *label)
+{
+    int device = 0;
+    cudaGetDevice(&device);
+    if (a->counts.num_prefill_items == 0 ||
+        glmrt_cuda_attention_prefill_path(device, s->head_dim) != GLMRT_ATTENTION_PREFILL_WGMMA) {
+        return;
+    }
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    char what[200];
+    glmrt_attention_data paths[2] = {*a, *a};
+    paths[0].prefill_path = GLMRT_ATTENTION_PREFILL_MMA;
+    paths[1].prefill_path = GLMRT_ATTENTION_PREFILL_WGMMA;
+    for (glmrt_attention_data &run : paths) {
+        if (!glmrt_attention_ran(report, glmrt_attention_compute(&run, s, policy, &error), &error, label)) return;
+    }
+    snprintf(what, sizeof(what), "%s: prefill by mma.sync and by wgmma", label);
+    glmrt_expect_same_rows(report, &paths[0], &paths[1], tokens, tokens, a->num_heads * s->head_dim, what);
+}
+
 static void glmrt_check_attention(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_attention_setup *s,
                                   const glmrt_cuda_split_policy *policy, const std::vector<glmrt_fake_seq> &seqs,
                                   const char *label)
@@ -371,6 +397,7 @@ static void glmrt_check_attention(glmrt_test_report *report, glmrt_test_rng *rng
     if (!glmrt_attention_ran(report, glmrt_attention_compute(&looped, s, policy, &error), &error, label)) return;
     snprintf(what, sizeof(what), "%s: items counted on the device and looped over 3 blocks a head", label);
     glmrt_expect_same_rows(report, &a, &looped, tokens, tokens, a.num_heads * s->head_dim, what);
+    glmrt_check_prefill_paths(report, &a, s, policy, tokens, label);
 }
 
 typedef struct glmrt_position_pair {
@@ -413,6 +440,9 @@ static void glmrt_check_paths_agree(glmrt_test_report *report, glmrt_test_rng *r
     snprintf(what, sizeof(what), "%s (%d decode, %d prefill items, %d merges)", label, a.counts.num_decode_items,
              a.counts.num_prefill_items, a.counts.num_merges);
     glmrt_expect_reference(report, &a, s, tokens, what);
+    std::vector<int32_t> all_tokens;
+    for (int32_t t = 0; t < a.f.batch.num_tokens; ++t) all_tokens.push_back(t);
+    glmrt_check_prefill_paths(report, &a, s, policy, all_tokens, label);
     if (solo_seq < 0) return;
     std::vector<glmrt_fake_seq> solo_seqs = {seqs[solo_seq]};
     solo_seqs[0].shares = 0;
@@ -424,6 +454,8 @@ static void glmrt_check_paths_agree(glmrt_test_report *report, glmrt_test_rng *r
     b.f.table_ptrs[0] = b.f.tables[0].data();
     b.f.owner[0] = a.f.owner[solo_seq];
     b.num_heads = a.num_heads;
+    b.grid_limit = 0;
+    b.prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
     b.q_stride = a.q_stride;
     b.cache = a.cache;
     int32_t start = a.f.seq_token_start[solo_seq];

@@ -5,6 +5,7 @@
 #include "attention_kernels.cuh"
 #include "attention_tile.cuh"
 #include "cuda_check.cuh"
+#include "device_arch.cuh"
 #include "device_math.cuh"
 
 #define GLMRT_MERGE_WARPS 8
@@ -95,7 +96,41 @@ glmrt_status glmrt_cuda_attention_prepare(int32_t head_dim, int32_t group, glmrt
                                "CUDA attention supports head_dim 32, 64 or 128, the model has %d", head_dim);
     }
     GLMRT_TRY(glmrt_attention_decode_prepare(head_dim, error));
-    return glmrt_attention_prefill_prepare(head_dim, error);
+    GLMRT_TRY(glmrt_attention_prefill_prepare(head_dim, error));
+    if (glmrt_attention_prefill_wgmma_supported(head_dim)) {
+        GLMRT_TRY(glmrt_attention_prefill_wgmma_prepare(head_dim, error));
+    }
+    return GLMRT_OK;
+}
+
+int32_t glmrt_cuda_attention_prefill_path(int device, int32_t head_dim)
+{
+    if (glmrt_cuda_device_hopper(device) && glmrt_attention_prefill_wgmma_supported(head_dim)) {
+        return GLMRT_ATTENTION_PREFILL_WGMMA;
+    }
+    return GLMRT_ATTENTION_PREFILL_MMA;
+}
+
+static glmrt_status glmrt_attention_prefill_path_resolve(const glmrt_cuda_attention_args *args, int32_t *path,
+                                                         glmrt_error *error)
+{
+    int device = 0;
+    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
+    const int32_t best = glmrt_cuda_attention_prefill_path(device, args->kv.head_dim);
+    *path = args->prefill_path == GLMRT_ATTENTION_PREFILL_AUTO ? best : args->prefill_path;
+    if (*path == GLMRT_ATTENTION_PREFILL_MMA) {
+        return GLMRT_OK;
+    }
+    if (*path != GLMRT_ATTENTION_PREFILL_WGMMA) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "unknown prefill attention path %d", *path);
+    }
+    if (best != GLMRT_ATTENTION_PREFILL_WGMMA) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                               "the tensor-core prefill attention needs an sm_90 device and head_dim 64 or 128, "
+                               "not head_dim %d on device %d",
+                               args->kv.head_dim, device);
+    }
+    return GLMRT_OK;
 }
 
 glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int32_t tokens_per_item,
@@ -117,6 +152,11 @@ glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int
                                "prefill attention takes its item count from the host, not from the device");
     }
     if (tokens_per_item == glmrt_cuda_attention_prefill_tokens(args->kv.head_dim)) {
+        int32_t path = GLMRT_ATTENTION_PREFILL_MMA;
+        GLMRT_TRY(glmrt_attention_prefill_path_resolve(args, &path, error));
+        if (path == GLMRT_ATTENTION_PREFILL_WGMMA) {
+            return glmrt_attention_prefill_wgmma_launch(args, stream, error);
+        }
         return glmrt_attention_prefill_launch(args, stream, error);
     }
     return glmrt_error_set(error, GLMRT_ERR_INVARIANT,

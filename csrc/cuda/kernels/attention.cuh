@@ -9,6 +9,9 @@
 #define GLMRT_ATTENTION_PREFILL_TOKENS (GLMRT_ATTENTION_PREFILL_ROWS / GLMRT_ATTENTION_MAX_GROUP)
 #define GLMRT_ATTENTION_KEYS_PER_SPLIT 512
 #define GLMRT_ATTENTION_MAX_SPLITS 32
+#define GLMRT_ATTENTION_PREFILL_AUTO 0
+#define GLMRT_ATTENTION_PREFILL_MMA 1
+#define GLMRT_ATTENTION_PREFILL_WGMMA 2
 
 typedef struct glmrt_cuda_attention_item {
     int32_t seq;
@@ -47,6 +50,7 @@ typedef struct glmrt_cuda_attention_args {
     int64_t out_stride;
     float *partial_out;
     float *partial_stats;
+    int32_t prefill_path;
 } glmrt_cuda_attention_args;
 
 typedef struct glmrt_cuda_attention_merge_args {
@@ -89,6 +93,7 @@ __host__ __device__ __forceinline__ int32_t glmrt_attention_split_span(int32_t k
 }
 
 int32_t glmrt_cuda_attention_prefill_tokens(int32_t head_dim);
+int32_t glmrt_cuda_attention_prefill_path(int device, int32_t head_dim);
 glmrt_status glmrt_cuda_attention_prepare(int32_t head_dim, int32_t group, glmrt_error *error);
 glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int32_t tokens_per_item,
                                       cudaStream_t stream, glmrt_error *error);

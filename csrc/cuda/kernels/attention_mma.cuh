@@ -17,6 +17,21 @@ __device__ __forceinline__ void glmrt_attn_cp_async(uint32_t shared_dst, const v
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_dst), "l"(global_src) : "memory");
 }
 
+__device__ __forceinline__ void glmrt_attn_cp_async_zero(uint32_t shared_dst, const void *global_src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;\n" ::"r"(shared_dst), "l"(global_src) : "memory");
+}
+
+__device__ __forceinline__ void glmrt_attn_cp_async_arrive(uint32_t barrier)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barrier) : "memory");
+}
+
+__device__ __forceinline__ void glmrt_attn_cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void glmrt_attn_store_zero16(uint32_t shared_dst)
 {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(shared_dst), "r"(0u) : "memory");

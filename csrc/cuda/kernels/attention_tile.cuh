@@ -41,6 +41,7 @@ struct glmrt_attn_tile_layout {
     static constexpr int keys_per_pass = THREADS / chunks;
     static constexpr int passes = GLMRT_ATTENTION_KEY_TILE / keys_per_pass;
     static_assert(THREADS % chunks == 0 && GLMRT_ATTENTION_KEY_TILE % keys_per_pass == 0, "tile load layout");
+    static_assert(keys_per_pass % 8 == 0, "a pass moves whole swizzle periods of 8 keys");
 };
 
 template <int HD, int THREADS>
@@ -73,7 +74,30 @@ __device__ __forceinline__ void glmrt_attn_fetch_tile_pages(const int32_t *pages
     }
 }
 
-template <int HD, int THREADS, typename PageOf>
+#define GLMRT_ATTN_PANEL_COLS 64
+#define GLMRT_ATTN_PANEL_ROW_BYTES (GLMRT_ATTN_PANEL_COLS * 2)
+#define GLMRT_ATTN_PANEL_BYTES (GLMRT_ATTENTION_KEY_TILE * GLMRT_ATTN_PANEL_ROW_BYTES)
+
+__device__ __forceinline__ uint32_t glmrt_attn_panel_offset(int row, int chunk)
+{
+    return (uint32_t)((chunk >> 3) * GLMRT_ATTN_PANEL_BYTES + row * GLMRT_ATTN_PANEL_ROW_BYTES +
+                      (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+template <int HD, bool PANELS>
+struct glmrt_attn_tile_rows {
+    static __device__ __forceinline__ uint32_t offset(int row, int chunk)
+    {
+        if constexpr (PANELS) {
+            return glmrt_attn_panel_offset(row, chunk);
+        } else {
+            return glmrt_attn_chunk_offset<HD / 8>(row, chunk);
+        }
+    }
+    static constexpr int row_bytes = PANELS ? GLMRT_ATTN_PANEL_ROW_BYTES : HD * 2;
+};
+
+template <int HD, int THREADS, bool PANELS = false, typename PageOf>
 __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attention_args &args, int32_t kv_head,
                                                         int32_t tile_start, int32_t key_limit, PageOf page_of,
                                                         uint32_t k_tile, uint32_t v_tile)
@@ -89,12 +113,13 @@ __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attenti
     const int32_t page_size = args.kv.page_size;
     const bool power_of_two = (page_size & (page_size - 1)) == 0;
     const int shift = __ffs(page_size) - 1;
-    const uint32_t first_offset = glmrt_attn_settled(glmrt_attn_chunk_offset<layout::chunks>(first_row, chunk));
+    using rows = glmrt_attn_tile_rows<HD, PANELS>;
+    const uint32_t first_offset = glmrt_attn_settled(rows::offset(first_row, chunk));
     const int32_t first_key = tile_start + first_row;
 #pragma unroll
     for (int pass = 0; pass < layout::passes; ++pass) {
         const int32_t key = first_key + pass * layout::keys_per_pass;
-        const uint32_t offset = first_offset + (uint32_t)(pass * layout::keys_per_pass * HD * 2);
+        const uint32_t offset = first_offset + (uint32_t)(pass * layout::keys_per_pass * rows::row_bytes);
         if (key < key_limit) {
             const int32_t page_index = power_of_two ? key >> shift : key / page_size;
             const int32_t slot = key - page_index * page_size;
@@ -102,22 +127,26 @@ __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attenti
             glmrt_attn_cp_async(k_tile + offset, src);
             glmrt_attn_cp_async(v_tile + offset, src + value_bytes);
         } else {
-            glmrt_attn_store_zero16(k_tile + offset);
-            glmrt_attn_store_zero16(v_tile + offset);
+            glmrt_attn_cp_async_zero(k_tile + offset, keys);
+            glmrt_attn_cp_async_zero(v_tile + offset, keys);
         }
     }
 }
 
-__device__ __forceinline__ void glmrt_attn_store_q_chunk(uint32_t shared_dst, const float *q, float q_scale)
+__device__ __forceinline__ void glmrt_attn_store_q_values(uint32_t shared_dst, float4 low, float4 high, float q_scale)
 {
-    float4 low = *reinterpret_cast<const float4 *>(q);
-    float4 high = *reinterpret_cast<const float4 *>(q + 4);
     uint4 packed;
     packed.x = glmrt_attn_pack_bf16(__fmul_rn(low.x, q_scale), __fmul_rn(low.y, q_scale));
     packed.y = glmrt_attn_pack_bf16(__fmul_rn(low.z, q_scale), __fmul_rn(low.w, q_scale));
     packed.z = glmrt_attn_pack_bf16(__fmul_rn(high.x, q_scale), __fmul_rn(high.y, q_scale));
     packed.w = glmrt_attn_pack_bf16(__fmul_rn(high.z, q_scale), __fmul_rn(high.w, q_scale));
     glmrt_attn_store16(shared_dst, packed);
+}
+
+__device__ __forceinline__ void glmrt_attn_store_q_chunk(uint32_t shared_dst, const float *q, float q_scale)
+{
+    glmrt_attn_store_q_values(shared_dst, *reinterpret_cast<const float4 *>(q), *reinterpret_cast<const float4 *>(q + 4),
+                              q_scale);
 }
 
 __device__ __forceinline__ float glmrt_attn_q_scale(float scale)

@@ -1,17 +1,11 @@
 #include <string.h>
 
+#include "device_arch.cuh"
 #include "qgemm_kernel.cuh"
 
 int glmrt_cuda_qgemm_device_supported(int device)
 {
-    int major = 0;
-    int minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return major == 9 && minor == 0;
+    return glmrt_cuda_device_hopper(device);
 }
 
 static int glmrt_qgemm_block_cols_supported(int32_t block_cols)

@@ -74,14 +74,28 @@ __device__ __forceinline__ void glmrt_tma_prefetch_map(const CUtensorMap *map)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 
-__device__ __forceinline__ uint64_t glmrt_wgmma_descriptor(const void *tile)
+__device__ __forceinline__ uint64_t glmrt_wgmma_descriptor_at(uint32_t address, uint32_t leading_bytes)
 {
-    uint64_t address = glmrt_shared_address(tile);
-    uint64_t descriptor = (address & 0x3FFFFull) >> 4;
-    descriptor |= (uint64_t)1 << 16;
+    uint64_t descriptor = (uint64_t)((address & 0x3FFFFu) >> 4);
+    descriptor |= (uint64_t)((leading_bytes >> 4) & 0x3FFFu) << 16;
     descriptor |= (uint64_t)(GLMRT_WGMMA_SWIZZLE_ATOM_BYTES >> 4) << 32;
     descriptor |= (uint64_t)1 << 62;
     return descriptor;
+}
+
+__device__ __forceinline__ uint64_t glmrt_wgmma_descriptor(const void *tile)
+{
+    return glmrt_wgmma_descriptor_at(glmrt_shared_address(tile), 16);
+}
+
+__device__ __forceinline__ void glmrt_fence_async_shared()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void glmrt_named_barrier(uint32_t id, uint32_t threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ void glmrt_wgmma_fence()

@@ -205,6 +205,7 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.out_stride = d->q_width;
     attention.partial_out = ws->partial_out;
     attention.partial_stats = ws->partial_stats;
+    attention.prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
     attention.items = step->view.decode_items;
     attention.num_items = step->counts->num_decode_items;
     attention.device_num_items = nullptr;
