@@ -79,6 +79,31 @@ __global__ void __launch_bounds__(GLMRT_MERGE_WARPS * 32) glmrt_attention_merge_
     }
 }
 
+glmrt_status glmrt_attention_kernel_prepare(const glmrt_attention_kernel_choice *choice, int32_t head_dim,
+                                            glmrt_error *error)
+{
+    if (choice->kernel == nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no %s kernel for head_dim %d", choice->name, head_dim);
+    }
+    GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(choice->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)choice->shared));
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_attention_items_launch(const glmrt_attention_kernel_choice *choice,
+                                          const glmrt_cuda_attention_args *args, dim3 grid, cudaStream_t stream,
+                                          glmrt_error *error)
+{
+    if (choice->kernel == nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no %s kernel for head_dim %d", choice->name,
+                               args->kv.head_dim);
+    }
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, choice->threads, choice->shared, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, choice->kernel, *args));
+    return GLMRT_OK;
+}
+
 int32_t glmrt_cuda_attention_prefill_tokens(int32_t head_dim)
 {
     return GLMRT_ATTENTION_PREFILL_TOKENS;

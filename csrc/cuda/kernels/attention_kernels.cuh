@@ -3,7 +3,21 @@
 
 #include "attention.cuh"
 
+typedef void (*glmrt_attention_kernel_fn)(glmrt_cuda_attention_args);
+
+typedef struct glmrt_attention_kernel_choice {
+    glmrt_attention_kernel_fn kernel;
+    size_t shared;
+    int threads;
+    const char *name;
+} glmrt_attention_kernel_choice;
+
 int glmrt_attention_head_dim_supported(int32_t head_dim);
+glmrt_status glmrt_attention_kernel_prepare(const glmrt_attention_kernel_choice *choice, int32_t head_dim,
+                                            glmrt_error *error);
+glmrt_status glmrt_attention_items_launch(const glmrt_attention_kernel_choice *choice,
+                                          const glmrt_cuda_attention_args *args, dim3 grid, cudaStream_t stream,
+                                          glmrt_error *error);
 glmrt_status glmrt_attention_decode_prepare(int32_t head_dim, glmrt_error *error);
 glmrt_status glmrt_attention_decode_launch(const glmrt_cuda_attention_args *args, cudaStream_t stream,
                                            glmrt_error *error);

@@ -505,48 +505,38 @@ __global__ void __launch_bounds__(GLMRT_WGMMA_PREFILL_THREADS, 1)
 #endif
 }
 
-typedef void (*glmrt_wgmma_prefill_kernel_fn)(glmrt_cuda_attention_args);
-
-static glmrt_wgmma_prefill_kernel_fn glmrt_wgmma_prefill_pick(int32_t head_dim, size_t *shared)
+static glmrt_attention_kernel_choice glmrt_wgmma_prefill_pick(int32_t head_dim)
 {
+    glmrt_attention_kernel_choice choice = {nullptr, 0, GLMRT_WGMMA_PREFILL_THREADS, "tensor-core prefill attention"};
     switch (head_dim) {
-    case 64: *shared = glmrt_wgmma_prefill_shape<64>::shared_bytes; return glmrt_attention_prefill_wgmma_kernel<64>;
-    case 128: *shared = glmrt_wgmma_prefill_shape<128>::shared_bytes; return glmrt_attention_prefill_wgmma_kernel<128>;
-    default: return nullptr;
+    case 64:
+        choice.kernel = glmrt_attention_prefill_wgmma_kernel<64>;
+        choice.shared = glmrt_wgmma_prefill_shape<64>::shared_bytes;
+        break;
+    case 128:
+        choice.kernel = glmrt_attention_prefill_wgmma_kernel<128>;
+        choice.shared = glmrt_wgmma_prefill_shape<128>::shared_bytes;
+        break;
+    default: break;
     }
+    return choice;
 }
 
 int glmrt_attention_prefill_wgmma_supported(int32_t head_dim)
 {
-    size_t shared = 0;
-    return glmrt_wgmma_prefill_pick(head_dim, &shared) != nullptr;
+    return glmrt_wgmma_prefill_pick(head_dim).kernel != nullptr;
 }
 
 glmrt_status glmrt_attention_prefill_wgmma_prepare(int32_t head_dim, glmrt_error *error)
 {
-    size_t shared = 0;
-    glmrt_wgmma_prefill_kernel_fn kernel = glmrt_wgmma_prefill_pick(head_dim, &shared);
-    if (kernel == nullptr) {
-        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no tensor-core prefill attention kernel for head_dim %d",
-                               head_dim);
-    }
-    GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    return GLMRT_OK;
+    const glmrt_attention_kernel_choice choice = glmrt_wgmma_prefill_pick(head_dim);
+    return glmrt_attention_kernel_prepare(&choice, head_dim, error);
 }
 
 glmrt_status glmrt_attention_prefill_wgmma_launch(const glmrt_cuda_attention_args *args, cudaStream_t stream,
                                                   glmrt_error *error)
 {
-    size_t shared = 0;
-    glmrt_wgmma_prefill_kernel_fn kernel = glmrt_wgmma_prefill_pick(args->kv.head_dim, &shared);
-    if (kernel == nullptr) {
-        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no tensor-core prefill attention kernel for head_dim %d",
-                               args->kv.head_dim);
-    }
-    dim3 grid((unsigned)args->num_items, (unsigned)args->kv.num_kv_heads);
-    glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config =
-        glmrt_dependent_config(&dependent, grid, GLMRT_WGMMA_PREFILL_THREADS, shared, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
-    return GLMRT_OK;
+    const glmrt_attention_kernel_choice choice = glmrt_wgmma_prefill_pick(args->kv.head_dim);
+    return glmrt_attention_items_launch(&choice, args, dim3((unsigned)args->num_items, (unsigned)args->kv.num_kv_heads),
+                                        stream, error);
 }
