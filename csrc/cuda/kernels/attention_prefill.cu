@@ -93,20 +93,8 @@ __global__ void __launch_bounds__(GLMRT_PREFILL_THREADS, 2) glmrt_attention_pref
         row_keys[threadIdx.x] = keys;
         row_span[threadIdx.x] = glmrt_attention_split_span(keys, item.split_keys, item.max_splits);
     }
-    const float q_scale = glmrt_attn_q_scale(args.scale);
-    for (int idx = threadIdx.x; idx < shape::rows * shape::chunks; idx += GLMRT_PREFILL_THREADS) {
-        int row = idx / shape::chunks;
-        int chunk = idx % shape::chunks;
-        int32_t global_row = item.row_begin + row;
-        uint32_t dst = q_tile + glmrt_attn_chunk_offset<shape::chunks>(row, chunk);
-        if (global_row < total_rows) {
-            int32_t token = item.token_begin + global_row / group;
-            int64_t head = (int64_t)kv_head * group + global_row % group;
-            glmrt_attn_store_q_chunk(dst, args.q + (int64_t)token * args.q_stride + head * HD + chunk * 8, q_scale);
-        } else {
-            glmrt_attn_store_zero16(dst);
-        }
-    }
+    glmrt_prefill_load_queries<HD, GLMRT_ATTENTION_PREFILL_ROWS, GLMRT_PREFILL_THREADS, false>(args, item, kv_head, 0,
+                                                                                              q_tile, (int)threadIdx.x);
     const int32_t *pages = args.page_ids + args.seq_page_begin[item.seq];
     const int32_t num_tiles = (item.key_end + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE;
     glmrt_prefill_fetch_pages<HD>(args, pages, item.key_end, 0, ring_address);

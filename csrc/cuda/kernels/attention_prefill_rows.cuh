@@ -10,6 +10,47 @@ struct glmrt_prefill_state {
     float run_max[TILES][2];
 };
 
+#define GLMRT_PREFILL_QUERY_BATCH 8
+
+template <int HD, int ROWS, int THREADS, bool PANELS>
+__device__ __forceinline__ void glmrt_prefill_load_queries(const glmrt_cuda_attention_args &args,
+                                                           const glmrt_cuda_attention_item &item, int32_t kv_head,
+                                                           int32_t first_row, uint32_t q_tile, int thread)
+{
+    constexpr int chunks = HD / 8;
+    constexpr int per_thread = ROWS * chunks / THREADS;
+    constexpr int batch = per_thread < GLMRT_PREFILL_QUERY_BATCH ? per_thread : GLMRT_PREFILL_QUERY_BATCH;
+    static_assert(ROWS * chunks % THREADS == 0 && per_thread % batch == 0, "whole batches of query chunks a thread");
+    const int32_t group = args.group;
+    const int32_t total_rows = item.num_tokens * group;
+    const float q_scale = glmrt_attn_q_scale(args.scale);
+#pragma unroll
+    for (int first = 0; first < per_thread; first += batch) {
+        float4 low[batch];
+        float4 high[batch];
+#pragma unroll
+        for (int k = 0; k < batch; ++k) {
+            const int idx = thread + (first + k) * THREADS;
+            const int32_t global_row = item.row_begin + first_row + idx / chunks;
+            low[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            high[k] = low[k];
+            if (global_row < total_rows) {
+                const int32_t token = item.token_begin + global_row / group;
+                const int64_t head = (int64_t)kv_head * group + global_row % group;
+                const float *q = args.q + (int64_t)token * args.q_stride + head * HD + (idx % chunks) * 8;
+                low[k] = *reinterpret_cast<const float4 *>(q);
+                high[k] = *reinterpret_cast<const float4 *>(q + 4);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < batch; ++k) {
+            const int idx = thread + (first + k) * THREADS;
+            glmrt_attn_store_q_values(q_tile + glmrt_attn_tile_rows<HD, PANELS>::offset(idx / chunks, idx % chunks),
+                                      low[k], high[k], q_scale);
+        }
+    }
+}
+
 template <int MT, int H, int HD, int TILES>
 __device__ __forceinline__ void glmrt_prefill_fold_row(glmrt_prefill_state<HD, TILES> &st, float *row_out, float2 *merged,
                                                        bool first)

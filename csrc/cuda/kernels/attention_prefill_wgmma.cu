@@ -45,7 +45,6 @@ struct glmrt_wgmma_prefill_shape {
                   "query and key panels share one layout");
     static_assert(rows == GLMRT_WGMMA_PREFILL_CONSUMERS * GLMRT_WGMMA_PREFILL_GROUP_ROWS, "rows a block");
     static_assert(GLMRT_WGMMA_PREFILL_GROUP_ROWS <= GLMRT_WGMMA_PREFILL_GROUP_THREADS, "one consumer thread sets up each row");
-    static_assert(GLMRT_WGMMA_PREFILL_GROUP_ROWS * chunks % GLMRT_WGMMA_PREFILL_GROUP_THREADS == 0, "whole query chunks a thread");
     static_assert(shared_bytes <= 227 * 1024, "one block an SM");
 };
 
@@ -109,40 +108,6 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_produce(const glmrt_cuda_att
         }
     }
     glmrt_attn_cp_async_wait_all();
-}
-
-template <int HD>
-__device__ __forceinline__ void glmrt_wgmma_prefill_load_queries(const glmrt_cuda_attention_args &args,
-                                                                 const glmrt_cuda_attention_item &item,
-                                                                 uint32_t q_tile, int consumer, int thread)
-{
-    using shape = glmrt_wgmma_prefill_shape<HD>;
-    constexpr int per_thread = GLMRT_WGMMA_PREFILL_GROUP_ROWS * shape::chunks / GLMRT_WGMMA_PREFILL_GROUP_THREADS;
-    const int32_t group = args.group;
-    const int32_t total_rows = item.num_tokens * group;
-    float4 low[per_thread];
-    float4 high[per_thread];
-#pragma unroll
-    for (int k = 0; k < per_thread; ++k) {
-        const int idx = thread + k * GLMRT_WGMMA_PREFILL_GROUP_THREADS;
-        const int32_t global_row = item.row_begin + consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS + idx / shape::chunks;
-        low[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        high[k] = low[k];
-        if (global_row < total_rows) {
-            const int32_t token = item.token_begin + global_row / group;
-            const int64_t head = (int64_t)blockIdx.y * group + global_row % group;
-            const float *q = args.q + (int64_t)token * args.q_stride + head * HD + (idx % shape::chunks) * 8;
-            low[k] = *reinterpret_cast<const float4 *>(q);
-            high[k] = *reinterpret_cast<const float4 *>(q + 4);
-        }
-    }
-    const float q_scale = glmrt_attn_q_scale(args.scale);
-#pragma unroll
-    for (int k = 0; k < per_thread; ++k) {
-        const int idx = thread + k * GLMRT_WGMMA_PREFILL_GROUP_THREADS;
-        glmrt_attn_store_q_values(q_tile + glmrt_attn_panel_offset(idx / shape::chunks, idx % shape::chunks), low[k],
-                                  high[k], q_scale);
-    }
 }
 
 template <int HD>
@@ -386,7 +351,8 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
     const uint32_t q_tile = m.base + (uint32_t)(shape::q_offset + consumer * shape::group_q_bytes);
     const uint32_t ones = m.base + (uint32_t)shape::ones_offset;
     glmrt_wgmma_prefill_row_setup<HD>(args, item, m, consumer, thread);
-    glmrt_wgmma_prefill_load_queries<HD>(args, item, q_tile, consumer, thread);
+    glmrt_prefill_load_queries<HD, GLMRT_WGMMA_PREFILL_GROUP_ROWS, GLMRT_WGMMA_PREFILL_GROUP_THREADS, true>(
+        args, item, blockIdx.y, consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS, q_tile, thread);
     glmrt_fence_async_shared();
     glmrt_named_barrier(GLMRT_WGMMA_PREFILL_FIRST_CONSUMER_BARRIER + consumer, GLMRT_WGMMA_PREFILL_GROUP_THREADS);
     const int group_first = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS;
