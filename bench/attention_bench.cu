@@ -154,7 +154,6 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
     args.q = q;
     args.q_stride = (int64_t)(num_heads + 2 * GLMRT_BENCH_KV_HEADS) * GLMRT_BENCH_HEAD_DIM;
     args.positions = view.positions;
-    args.seq_page_begin = view.seq_page_begin;
     args.page_ids = view.page_ids;
     args.kv.base = kv_cache;
     args.kv.page_size = GLMRT_BENCH_PAGE_SIZE;

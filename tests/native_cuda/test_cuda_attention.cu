@@ -188,7 +188,6 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
     args.q = d_q;
     args.q_stride = a->q_stride;
     args.positions = view.positions;
-    args.seq_page_begin = view.seq_page_begin;
     args.page_ids = view.page_ids;
     args.kv = glmrt_kv_of(s, d_cache);
     args.layer = s->num_layers - 1;

@@ -15,6 +15,7 @@
 
 typedef struct glmrt_cuda_attention_item {
     int32_t seq;
+    int32_t page_begin;
     int32_t token_begin;
     int32_t num_tokens;
     int32_t row_begin;
@@ -36,7 +37,6 @@ typedef struct glmrt_cuda_attention_args {
     const float *q;
     int64_t q_stride;
     const int32_t *positions;
-    const int32_t *seq_page_begin;
     const int32_t *page_ids;
     glmrt_cuda_kv_layout kv;
     int32_t layer;

@@ -138,7 +138,7 @@ __device__ __forceinline__ void glmrt_decode_item(const glmrt_cuda_attention_arg
             glmrt_attn_store_zero16(dst);
         }
     }
-    const int32_t *pages = args.page_ids + args.seq_page_begin[item.seq];
+    const int32_t *pages = args.page_ids + item.page_begin;
     const int32_t num_tiles = (item.key_end - item.key_begin + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE;
     int32_t ids[glmrt_attn_tile_layout<HD, shape::threads>::passes];
 #pragma unroll

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(GLMRT_PREFILL_THREADS, 2) glmrt_attention_pref
     }
     glmrt_prefill_load_queries<HD, GLMRT_ATTENTION_PREFILL_ROWS, GLMRT_PREFILL_THREADS, false>(args, item, kv_head, 0,
                                                                                               q_tile, (int)threadIdx.x);
-    const int32_t *pages = args.page_ids + args.seq_page_begin[item.seq];
+    const int32_t *pages = args.page_ids + item.page_begin;
     const int32_t num_tiles = (item.key_end + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE;
     glmrt_prefill_fetch_pages<HD>(args, pages, item.key_end, 0, ring_address);
     glmrt_prefill_fetch_pages<HD>(args, pages, item.key_end, 1, ring_address);

@@ -88,7 +88,7 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_produce(const glmrt_cuda_att
 {
     using shape = glmrt_wgmma_prefill_shape<HD>;
     using layout = glmrt_attn_tile_layout<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>;
-    const int32_t *pages = args.page_ids + args.seq_page_begin[item.seq];
+    const int32_t *pages = args.page_ids + item.page_begin;
     const int32_t num_tiles = (item.key_end + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE;
     int32_t ids[layout::passes];
     glmrt_attn_fetch_pass_pages<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>(pages, args.kv.page_size, 0, item.key_end, ids);
@@ -110,23 +110,14 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_produce(const glmrt_cuda_att
     glmrt_attn_cp_async_wait_all();
 }
 
-template <int HD>
-__device__ __forceinline__ void glmrt_wgmma_prefill_row_setup(const glmrt_cuda_attention_args &args,
-                                                              const glmrt_cuda_attention_item &item,
-                                                              const glmrt_wgmma_prefill_smem &m, int consumer,
-                                                              int thread)
+__device__ __forceinline__ int32_t glmrt_wgmma_prefill_row_keys(const glmrt_cuda_attention_args &args,
+                                                                 const glmrt_cuda_attention_item &item, int row)
 {
-    if (thread >= GLMRT_WGMMA_PREFILL_GROUP_ROWS) {
-        return;
-    }
-    const int row = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS + thread;
     const int32_t global_row = item.row_begin + row;
-    int32_t keys = item.key_end;
     if (global_row < item.num_tokens * args.group) {
-        keys = args.positions[item.token_begin + global_row / args.group] + 1;
+        return args.positions[item.token_begin + global_row / args.group] + 1;
     }
-    m.row_keys[row] = keys;
-    m.row_span[row] = glmrt_attention_split_span(keys, item.split_keys, item.max_splits);
+    return item.key_end;
 }
 
 __device__ __forceinline__ int2 glmrt_wgmma_prefill_key_bounds(const int32_t *row_keys, int first, int count, int lane)
@@ -350,9 +341,15 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
     const int t = lane & 3;
     const uint32_t q_tile = m.base + (uint32_t)(shape::q_offset + consumer * shape::group_q_bytes);
     const uint32_t ones = m.base + (uint32_t)shape::ones_offset;
-    glmrt_wgmma_prefill_row_setup<HD>(args, item, m, consumer, thread);
+    const int setup_row = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS + thread;
+    const bool sets_up_row = thread < GLMRT_WGMMA_PREFILL_GROUP_ROWS;
+    const int32_t setup_keys = sets_up_row ? glmrt_wgmma_prefill_row_keys(args, item, setup_row) : 0;
     glmrt_prefill_load_queries<HD, GLMRT_WGMMA_PREFILL_GROUP_ROWS, GLMRT_WGMMA_PREFILL_GROUP_THREADS, true>(
         args, item, blockIdx.y, consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS, q_tile, thread);
+    if (sets_up_row) {
+        m.row_keys[setup_row] = setup_keys;
+        m.row_span[setup_row] = glmrt_attention_split_span(setup_keys, item.split_keys, item.max_splits);
+    }
     glmrt_fence_async_shared();
     glmrt_named_barrier(GLMRT_WGMMA_PREFILL_FIRST_CONSUMER_BARRIER + consumer, GLMRT_WGMMA_PREFILL_GROUP_THREADS);
     const int group_first = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS;

@@ -195,7 +195,6 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.q = ws->qkv;
     attention.q_stride = d->qkv_width;
     attention.positions = step->view.positions;
-    attention.seq_page_begin = step->view.seq_page_begin;
     attention.page_ids = step->view.page_ids;
     attention.kv = st->kv;
     attention.layer = index;

@@ -146,11 +146,17 @@ typedef struct glmrt_item_writer {
     glmrt_cuda_attention_item *prefill;
     glmrt_cuda_attention_merge *merges;
     const glmrt_cuda_split_policy *policy;
+    const int32_t *seq_page_begin;
     int32_t num_decode;
     int32_t num_prefill;
     int32_t num_merges;
     int32_t num_partials;
 } glmrt_item_writer;
+
+static int32_t glmrt_item_page_begin(const glmrt_item_writer *w, int32_t seq)
+{
+    return w->seq_page_begin != nullptr ? w->seq_page_begin[seq] : 0;
+}
 
 static void glmrt_item_put(const glmrt_item_writer *w, glmrt_cuda_attention_item *items, int32_t index,
                            const glmrt_cuda_attention_item *item)
@@ -171,6 +177,7 @@ static void glmrt_items_for_decode(int32_t seq, int32_t token, int32_t context, 
     glmrt_cuda_attention_item item;
     memset(&item, 0, sizeof(item));
     item.seq = seq;
+    item.page_begin = glmrt_item_page_begin(w, seq);
     item.token_begin = token;
     item.num_tokens = 1;
     item.partial = -1;
@@ -205,6 +212,7 @@ static void glmrt_items_for_prefill(const glmrt_step_batch *batch, int32_t seq, 
     glmrt_cuda_attention_item item;
     memset(&item, 0, sizeof(item));
     item.seq = seq;
+    item.page_begin = glmrt_item_page_begin(w, seq);
     item.token_begin = start;
     item.num_tokens = count;
     item.partial = -1;
@@ -410,6 +418,7 @@ glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const gl
     writer.prefill = v.prefill_items;
     writer.merges = v.merges;
     writer.policy = policy;
+    writer.seq_page_begin = v.seq_page_begin;
     glmrt_items_build(batch, &writer);
     if (counts->bucket > 0) {
         glmrt_step_write_pads(counts, padding->pad_page, &v, &writer);
