@@ -329,6 +329,58 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_finish(const glmrt_prefill_s
 }
 
 template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_prepare_rows(const glmrt_cuda_attention_args &args,
+                                                                 const glmrt_cuda_attention_item &item,
+                                                                 const glmrt_wgmma_prefill_smem &m, int consumer,
+                                                                 int thread, uint32_t q_tile)
+{
+    const int setup_row = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS + thread;
+    const bool sets_up_row = thread < GLMRT_WGMMA_PREFILL_GROUP_ROWS;
+    const int32_t setup_keys = sets_up_row ? glmrt_wgmma_prefill_row_keys(args, item, setup_row) : 0;
+    glmrt_prefill_load_queries<HD, GLMRT_WGMMA_PREFILL_GROUP_ROWS, GLMRT_WGMMA_PREFILL_GROUP_THREADS, true>(
+        args, item, blockIdx.y, consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS, q_tile, thread);
+    if (sets_up_row) {
+        m.row_keys[setup_row] = setup_keys;
+        m.row_span[setup_row] = glmrt_attention_split_span(setup_keys, item.split_keys, item.max_splits);
+    }
+    glmrt_fence_async_shared();
+    glmrt_named_barrier(GLMRT_WGMMA_PREFILL_FIRST_CONSUMER_BARRIER + consumer, GLMRT_WGMMA_PREFILL_GROUP_THREADS);
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_state_clear(glmrt_prefill_state<HD, 1> &st)
+{
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+        st.acc[0][n][0] = st.acc[0][n][1] = st.acc[0][n][2] = st.acc[0][n][3] = 0.0f;
+    }
+    st.sum_frag[0][0] = st.sum_frag[0][1] = st.sum_frag[0][2] = st.sum_frag[0][3] = 0.0f;
+    st.run_max[0][0] = st.run_max[0][1] = -INFINITY;
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_boundary_rows(glmrt_prefill_state<HD, 1> &st,
+                                                                  const glmrt_wgmma_prefill_merged<HD> &merged,
+                                                                  const glmrt_cuda_attention_item &item,
+                                                                  const glmrt_wgmma_prefill_smem &m, int32_t group,
+                                                                  int row, int32_t tile_start)
+{
+    glmrt_wgmma_prefill_boundary_row<0>(st, merged, item, m, group, row, tile_start);
+    glmrt_wgmma_prefill_boundary_row<1>(st, merged, item, m, group, row + 8, tile_start);
+}
+
+__device__ __forceinline__ void glmrt_wgmma_prefill_pass_tiles(const glmrt_wgmma_prefill_smem &m, int32_t first,
+                                                               int32_t end, int lane)
+{
+    for (int32_t i = first; i < end; ++i) {
+        glmrt_mbarrier_wait(&m.full[i % GLMRT_WGMMA_PREFILL_STAGES], (uint32_t)((i / GLMRT_WGMMA_PREFILL_STAGES) & 1));
+        if (lane == 0) {
+            glmrt_mbarrier_arrive(&m.empty[i % GLMRT_WGMMA_PREFILL_STAGES]);
+        }
+    }
+}
+
+template <int HD>
 __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_attention_args &args,
                                                             const glmrt_cuda_attention_item &item,
                                                             const glmrt_wgmma_prefill_smem &m, int consumer)
@@ -341,29 +393,14 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
     const int t = lane & 3;
     const uint32_t q_tile = m.base + (uint32_t)(shape::q_offset + consumer * shape::group_q_bytes);
     const uint32_t ones = m.base + (uint32_t)shape::ones_offset;
-    const int setup_row = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS + thread;
-    const bool sets_up_row = thread < GLMRT_WGMMA_PREFILL_GROUP_ROWS;
-    const int32_t setup_keys = sets_up_row ? glmrt_wgmma_prefill_row_keys(args, item, setup_row) : 0;
-    glmrt_prefill_load_queries<HD, GLMRT_WGMMA_PREFILL_GROUP_ROWS, GLMRT_WGMMA_PREFILL_GROUP_THREADS, true>(
-        args, item, blockIdx.y, consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS, q_tile, thread);
-    if (sets_up_row) {
-        m.row_keys[setup_row] = setup_keys;
-        m.row_span[setup_row] = glmrt_attention_split_span(setup_keys, item.split_keys, item.max_splits);
-    }
-    glmrt_fence_async_shared();
-    glmrt_named_barrier(GLMRT_WGMMA_PREFILL_FIRST_CONSUMER_BARRIER + consumer, GLMRT_WGMMA_PREFILL_GROUP_THREADS);
+    glmrt_wgmma_prefill_prepare_rows<HD>(args, item, m, consumer, thread, q_tile);
     const int group_first = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS;
     const int row_base = group_first + warp * GLMRT_WGMMA_PREFILL_WARP_ROWS;
     const int32_t group_max_keys = glmrt_wgmma_prefill_key_bounds(m.row_keys, group_first, GLMRT_WGMMA_PREFILL_GROUP_ROWS, lane).y;
     const int2 warp_keys = glmrt_wgmma_prefill_key_bounds(m.row_keys, row_base, GLMRT_WGMMA_PREFILL_WARP_ROWS, lane);
     glmrt_prefill_state<HD, 1> st;
     const glmrt_wgmma_prefill_merged<HD> merged = glmrt_wgmma_prefill_merged_at<HD>(m, consumer, thread);
-#pragma unroll
-    for (int n = 0; n < shape::value_tiles; ++n) {
-        st.acc[0][n][0] = st.acc[0][n][1] = st.acc[0][n][2] = st.acc[0][n][3] = 0.0f;
-    }
-    st.sum_frag[0][0] = st.sum_frag[0][1] = st.sum_frag[0][2] = st.sum_frag[0][3] = 0.0f;
-    st.run_max[0][0] = st.run_max[0][1] = -INFINITY;
+    glmrt_wgmma_prefill_state_clear<HD>(st);
     const int32_t num_tiles = (item.key_end + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE;
     const int32_t active_tiles =
         min(num_tiles, (group_max_keys + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE);
@@ -395,8 +432,7 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
             next_boundary += item.split_keys;
             glmrt_wgmma_prefill_settle_values<HD>(st);
             if (next_start < warp_keys.y) {
-                glmrt_wgmma_prefill_boundary_row<0>(st, merged, item, m, args.group, row_base + g, next_start);
-                glmrt_wgmma_prefill_boundary_row<1>(st, merged, item, m, args.group, row_base + g + 8, next_start);
+                glmrt_wgmma_prefill_boundary_rows<HD>(st, merged, item, m, args.group, row_base + g, next_start);
             }
         }
         glmrt_wgmma_prefill_weigh<HD>(st, score, pa, next_start + GLMRT_ATTENTION_KEY_TILE > warp_keys.x,
@@ -414,12 +450,7 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
             glmrt_mbarrier_arrive(&m.empty[last % GLMRT_WGMMA_PREFILL_STAGES]);
         }
     }
-    for (int32_t i = active_tiles; i < num_tiles; ++i) {
-        glmrt_mbarrier_wait(&m.full[i % GLMRT_WGMMA_PREFILL_STAGES], (uint32_t)((i / GLMRT_WGMMA_PREFILL_STAGES) & 1));
-        if (lane == 0) {
-            glmrt_mbarrier_arrive(&m.empty[i % GLMRT_WGMMA_PREFILL_STAGES]);
-        }
-    }
+    glmrt_wgmma_prefill_pass_tiles(m, active_tiles, num_tiles, lane);
     glmrt_wgmma_prefill_finish<HD>(st, merged, args, item, m, row_base, g, t);
 }
 
