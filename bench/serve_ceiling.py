@@ -146,10 +146,29 @@ def run_load(tree, port, api, args, out_dir):
             errors[kind] = errors.get(kind, 0) + count
     batch = metric(after, "glmrt:step_batch_size_sum") - metric(before, "glmrt:step_batch_size_sum")
     busy = metric(after, "glmrt:step_duration_seconds_sum") - metric(before, "glmrt:step_duration_seconds_sum")
+    gap_seconds = metric(after, "glmrt:step_gap_seconds_total") - metric(before, "glmrt:step_gap_seconds_total")
+    gaps = metric(after, "glmrt:step_gaps_total") - metric(before, "glmrt:step_gaps_total")
+    device = (metric(after, "glmrt:device_forward_seconds_total")
+              - metric(before, "glmrt:device_forward_seconds_total"))
     return {"steps_per_s": steps / elapsed, "server_tokens_per_s": tokens / elapsed,
             "client_tokens_per_s": sum(result.get("output_tokens_per_s", 0.0) for result in results),
             "mean_batch": batch / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
+            "mean_gap_ms": 1e3 * gap_seconds / gaps if gaps else None,
+            "mean_device_ms": 1e3 * device / steps if steps and device > 0 else None,
             "errors": sum(errors.values()), "error_kinds": errors}
+
+
+def mean_gap_ms(before, after):
+    gaps = after.step_gaps - before.step_gaps
+    return (after.step_gap_ns - before.step_gap_ns) / gaps / 1e6 if gaps else None
+
+
+def mean_device_ms(before, after, steps):
+    return (after.device_forward_ns - before.device_forward_ns) / steps / 1e6 if steps else None
+
+
+def ms_text(value):
+    return "n/a" if value is None else f"{value:.3f} ms"
 
 
 def engine_ceiling(model_dir, args):
@@ -215,6 +234,7 @@ def engine_workload(model_dir, args):
             streams.submit(f"stream:{index}")
         steps = tokens = batch_sum = 0
         busy = 0.0
+        stats_before = engine.stats()
         started = time.perf_counter()
         try:
             while time.perf_counter() - started < args.duration:
@@ -233,12 +253,14 @@ def engine_workload(model_dir, args):
                 for request in result.finished_requests:
                     streams.replace(request)
             elapsed = time.perf_counter() - started
+            stats_after = engine.stats()
         finally:
             streams.retire_all()
         engine.check_invariants()
     return {"steps_per_s": steps / elapsed, "tokens_per_s": tokens / elapsed,
             "mean_batch": batch_sum / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
-            "steps": steps, "seconds": elapsed, "failed_requests": streams.num_failed}
+            "mean_gap_ms": mean_gap_ms(stats_before, stats_after),
+            "mean_device_ms": mean_device_ms(stats_before, stats_after, steps), "steps": steps, "seconds": elapsed, "failed_requests": streams.num_failed}
 
 
 def serve_once(tree, model_dir, args, work, variant, api):
@@ -251,7 +273,8 @@ def serve_once(tree, model_dir, args, work, variant, api):
         process.wait(timeout=120)
     print(f"{tree} [{variant}] {api}: {result['steps_per_s']:.1f} steps/s, server {result['server_tokens_per_s']:.0f} "
           f"tokens/s, clients {result['client_tokens_per_s']:.0f} tokens/s, mean batch {result['mean_batch']:.1f}, "
-          f"mean step {result['mean_step_ms']:.2f} ms, "
+          f"mean step {result['mean_step_ms']:.2f} ms, device {ms_text(result['mean_device_ms'])} a step, host gap between steps "
+          f"{ms_text(result['mean_gap_ms'])}, "
           f"errors {result['error_kinds'] or 'none'}", flush=True)
     return dict(tree=tree, variant=variant, api=api, **result)
 
@@ -281,7 +304,8 @@ def main(argv=None):
         print(f"engine alone, the server's workload, batch {batch} (prompts of {args.prompt_len}, {args.gen_len} "
               f"generated, {args.duration:g} s): {workload['steps_per_s']:.1f} steps/s, "
               f"{workload['tokens_per_s']:.0f} tokens/s, mean batch {workload['mean_batch']:.1f}, "
-              f"mean step {workload['mean_step_ms']:.2f} ms, failed requests {workload['failed_requests']}",
+              f"mean step {workload['mean_step_ms']:.2f} ms, device {ms_text(workload['mean_device_ms'])} a step, "
+              f"host gap between steps {ms_text(workload['mean_gap_ms'])}, failed requests {workload['failed_requests']}",
               flush=True)
         for tree in trees:
             apis = args.apis.split(",") if tree_layout(tree)["new"] else ["websocket"]

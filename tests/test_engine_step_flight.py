@@ -1,4 +1,6 @@
 import ctypes
+import threading
+import time
 
 import pytest
 from engine_support import (build_test_model, greedy, launch_then_complete, open_engine, prompt_of_length,
@@ -96,3 +98,53 @@ def test_closing_an_engine_with_a_step_in_flight_returns_cleanly(model_dir):
     engine.launch(requests)
     engine.close()
     assert engine.closed
+
+
+def test_step_gaps_count_host_time_between_steps_that_continue_a_request(model_dir):
+    with open_engine(model_dir) as engine:
+        requests = make_requests(engine, 2, max_new_tokens=8)
+        launch_then_complete(engine, requests)
+        assert engine.stats().step_gaps == 0
+        time.sleep(0.05)
+        launch_then_complete(engine, requests)
+        first = engine.stats()
+        assert first.step_gaps == 1
+        assert 0.05e9 <= first.step_gap_ns < 5e9
+        launch_then_complete(engine, requests)
+        second = engine.stats()
+        assert second.step_gaps == 2
+        assert second.step_gap_ns > first.step_gap_ns
+        newcomer = engine.create_request([5, 6, 7], greedy(4))
+        time.sleep(0.02)
+        launch_then_complete(engine, [newcomer])
+        assert engine.stats().step_gaps == 2
+        assert engine.stats().step_gap_ns == second.step_gap_ns
+        launch_then_complete(engine, requests + [newcomer])
+        assert engine.stats().step_gaps == 3
+        assert engine.stats().mean_step_gap_ns == engine.stats().step_gap_ns / 3
+        for request in requests + [newcomer]:
+            engine.free_request(request)
+
+
+def test_the_cpu_forward_lets_other_python_threads_run(model_dir):
+    with open_engine(model_dir, num_threads=1, max_tokens_per_step=1024, kv_num_pages=512) as engine:
+        request = engine.create_request(prompt_of_length(1000, engine.vocab_size, 7), greedy(1))
+        ticks = []
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(time.perf_counter())
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        begin = time.perf_counter()
+        engine.launch([request])
+        end = time.perf_counter()
+        stop.set()
+        ticker.join()
+        engine.complete()
+        engine.free_request(request)
+        inside = [stamp for stamp in ticks if begin < stamp < end]
+        assert end - begin > 0.01
+        assert len(inside) > 1 and max(inside) - min(inside) > 0.5 * (end - begin)

@@ -399,3 +399,6 @@ async def test_metrics_count_prompt_and_generated_tokens(server, tokenizer):
     assert after["glmrt:prompt_tokens_total"] - before["glmrt:prompt_tokens_total"] == len(
         prompt_ids_for(tokenizer, body))
     assert record.usage["output_tokens"] == 9
+    assert after["glmrt:device_forward_seconds_total"] > before.get("glmrt:device_forward_seconds_total", 0.0)
+    assert after["glmrt:step_gaps_total"] - before.get("glmrt:step_gaps_total", 0.0) >= 8
+    assert after["glmrt:step_gap_seconds_total"] > before.get("glmrt:step_gap_seconds_total", 0.0)

@@ -244,6 +244,8 @@ glmrt_status glmrt_engine_get_stats(glmrt_engine *engine, glmrt_engine_stats *ou
     out_stats->prefix_cache_hits = engine->prefix_cache_hits;
     out_stats->prefix_cache_evictions = engine->kv_pages.num_evictions;
     out_stats->device_forward_ns = engine->device_forward_ns;
+    out_stats->step_gap_ns = engine->step_gaps.total_ns;
+    out_stats->step_gaps = engine->step_gaps.count;
     return GLMRT_OK;
 }
 

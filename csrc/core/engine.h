@@ -4,6 +4,7 @@
 #include "backend.h"
 #include "kv_pages.h"
 #include "model_config.h"
+#include "step_clock.h"
 
 typedef struct glmrt_step_scratch {
     glmrt_request **sorted_requests;
@@ -56,6 +57,7 @@ struct glmrt_engine {
     int64_t prefix_cache_queries;
     int64_t prefix_cache_hits;
     int64_t device_forward_ns;
+    glmrt_step_gaps step_gaps;
     glmrt_step_scratch scratch;
     glmrt_step_flight flight;
     const glmrt_backend_ops *backend_ops;

@@ -21,6 +21,7 @@ struct glmrt_request {
     glmrt_token *stop_token_ids;
     int32_t finish_reason;
     int32_t in_flight;
+    int64_t last_step;
 };
 
 void glmrt_request_destroy(glmrt_request *request);

@@ -163,6 +163,32 @@ static glmrt_status check_sampled_tokens(glmrt_engine *engine, const glmrt_step_
     return GLMRT_OK;
 }
 
+static int continues_last_step(const glmrt_engine *engine, int32_t num_seqs)
+{
+    for (int32_t s = 0; s < num_seqs; ++s) {
+        if (engine->scratch.seq_requests[s]->last_step == engine->step_gaps.completed_step) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void close_step_gap(glmrt_engine *engine, int32_t num_seqs)
+{
+    glmrt_step_gaps *gaps = &engine->step_gaps;
+    if (gaps->completed_at_ns != 0 && continues_last_step(engine, num_seqs)) {
+        gaps->total_ns += glmrt_monotonic_ns() - gaps->completed_at_ns;
+        gaps->count += 1;
+    }
+    gaps->completed_at_ns = 0;
+}
+
+static void open_step_gap(glmrt_engine *engine)
+{
+    engine->step_gaps.completed_step = engine->steps;
+    engine->step_gaps.completed_at_ns = glmrt_monotonic_ns();
+}
+
 static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt_step_batch *batch, int want_logits)
 {
     glmrt_status status = allocate_step_pages(engine, num_seqs);
@@ -170,6 +196,7 @@ static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt
         return status;
     }
     fill_step_batch(engine, num_seqs, batch);
+    close_step_gap(engine, num_seqs);
     status = engine->backend_ops->launch(engine->backend_state, batch, want_logits ? engine->scratch.logits : NULL,
                                          engine->scratch.sampled);
     if (status != GLMRT_OK) {
@@ -243,6 +270,7 @@ static void commit_step(glmrt_engine *engine, const glmrt_step_batch *batch)
     glmrt_step_scratch *scratch = &engine->scratch;
     for (int32_t s = 0; s < batch->num_seqs; ++s) {
         scratch->seq_requests[s]->num_computed_tokens += scratch->seq_num_tokens[s];
+        scratch->seq_requests[s]->last_step = engine->steps + 1;
         register_full_pages(engine, scratch->seq_requests[s]);
     }
     engine->prefix_cache_queries += scratch->step_prefix_queries;
@@ -345,6 +373,9 @@ static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int
         return status;
     }
     commit_step(engine, &flight->batch);
+    if (flight->num_seqs > 0) {
+        open_step_gap(engine);
+    }
     write_outputs(engine, engine->scratch.flight_requests, flight->num_requests, &flight->batch, out_tokens,
                   out_finish_reasons, out_logits);
     return GLMRT_OK;

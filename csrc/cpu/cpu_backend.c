@@ -2,7 +2,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "norm_rope.h"
 
@@ -265,20 +264,13 @@ static glmrt_status cpu_backend_create(glmrt_engine *engine, void **out_state)
     return GLMRT_OK;
 }
 
-static int64_t monotonic_ns(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
-}
-
 static glmrt_status cpu_backend_launch(void *state, const glmrt_step_batch *batch, float *out_logits,
                                        glmrt_token *out_sampled)
 {
     glmrt_cpu_backend *backend = state;
-    int64_t started = monotonic_ns();
+    int64_t started = glmrt_monotonic_ns();
     glmrt_status status = glmrt_cpu_backend_forward_step(backend, batch, out_logits, out_sampled);
-    backend->last_forward_ns = monotonic_ns() - started;
+    backend->last_forward_ns = glmrt_monotonic_ns() - started;
     return status;
 }
 

@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 8
+#define GLMRT_ABI_VERSION 9
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -158,6 +158,8 @@ typedef struct glmrt_engine_stats {
     int64_t prefix_cache_hits;
     int64_t prefix_cache_evictions;
     int64_t device_forward_ns;
+    int64_t step_gap_ns;
+    int64_t step_gaps;
 } glmrt_engine_stats;
 
 typedef struct glmrt_engine_info {

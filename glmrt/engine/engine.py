@@ -43,10 +43,16 @@ class EngineStats:
     prefix_cache_hits: int
     prefix_cache_evictions: int
     device_forward_ns: int
+    step_gap_ns: int
+    step_gaps: int
 
     @property
     def kv_pages_in_use(self):
         return self.kv_pages_total - self.kv_pages_free
+
+    @property
+    def mean_step_gap_ns(self):
+        return self.step_gap_ns / self.step_gaps if self.step_gaps else 0.0
 
 
 @dataclass

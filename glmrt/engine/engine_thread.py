@@ -281,6 +281,7 @@ class EngineThread:
         stats = self._engine.stats()
         self._metrics.set_kv_pages(stats.kv_pages_total, stats.kv_pages_free)
         self._metrics.set_prefix_cache(stats)
+        self._metrics.set_step_times(stats)
         self._metrics.set_queue_sizes(self.scheduler.num_running, self.scheduler.num_waiting)
 
     def _check_idle_invariants(self):

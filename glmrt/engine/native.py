@@ -7,7 +7,7 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 8
+GLMRT_ABI_VERSION = 9
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
@@ -123,6 +123,8 @@ class EngineStatsStruct(ctypes.Structure):
         ("prefix_cache_hits", ctypes.c_int64),
         ("prefix_cache_evictions", ctypes.c_int64),
         ("device_forward_ns", ctypes.c_int64),
+        ("step_gap_ns", ctypes.c_int64),
+        ("step_gaps", ctypes.c_int64),
     ]
 
 

@@ -39,6 +39,19 @@ class ServerMetrics:
                                          labels, registry=self.registry).labels(model_name)
         self.prefix_cache_evictions = Counter("glmrt:prefix_cache_evictions", "Cached pages evicted for reuse.",
                                               labels, registry=self.registry).labels(model_name)
+        self.step_gap_seconds = Counter("glmrt:step_gap_seconds",
+                                        "Host time from a step's completion to the launch of the next step that "
+                                        "continues one of its requests (the device waits for it).", labels,
+                                        registry=self.registry).labels(model_name)
+        self.step_gaps = Counter("glmrt:step_gaps", "Steps that continued a request of the step before them.",
+                                 labels, registry=self.registry).labels(model_name)
+        self.device_forward_seconds = Counter("glmrt:device_forward_seconds",
+                                              "Backend time of the forward passes (CUDA: device time between "
+                                              "events around each step's work; CPU: the forward's wall time).",
+                                              labels, registry=self.registry).labels(model_name)
+        self.seen_device_forward_ns = 0
+        self.seen_step_gap_ns = 0
+        self.seen_step_gaps = 0
         self.seen_prefix_queries = 0
         self.seen_prefix_hits = 0
         self.seen_prefix_evictions = 0
@@ -86,6 +99,14 @@ class ServerMetrics:
         self.seen_prefix_queries = stats.prefix_cache_queries
         self.seen_prefix_hits = stats.prefix_cache_hits
         self.seen_prefix_evictions = stats.prefix_cache_evictions
+
+    def set_step_times(self, stats):
+        self.device_forward_seconds.inc(max(0, stats.device_forward_ns - self.seen_device_forward_ns) / 1e9)
+        self.seen_device_forward_ns = stats.device_forward_ns
+        self.step_gap_seconds.inc(max(0, stats.step_gap_ns - self.seen_step_gap_ns) / 1e9)
+        self.step_gaps.inc(max(0, stats.step_gaps - self.seen_step_gaps))
+        self.seen_step_gap_ns = stats.step_gap_ns
+        self.seen_step_gaps = stats.step_gaps
 
     def set_queue_sizes(self, running, waiting):
         self.num_requests_running.set(running)
