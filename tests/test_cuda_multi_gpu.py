@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
 from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, TIE_MARGIN, WEIGHT_FORMATS, prefill_bound,
-                               check_batched_requests_equal_solo_requests,
+                               assert_equal_decode_rows, check_batched_requests_equal_solo_requests,
                                check_greedy_tokens_follow_cpu_until_a_near_tie,
                                check_server_streams_offline_engine_tokens, cpu_precision_matching,
                                cuda_device_count, cuda_ready,
@@ -68,6 +68,17 @@ def test_split_greedy_tokens_follow_the_cpu_backend_until_a_near_tie(weight_form
 def test_split_batched_requests_equal_solo_requests(params):
     with Engine(wide_model("fp8-block"), backend="cuda", num_devices=2, **ENGINE_OPTIONS) as engine:
         check_batched_requests_equal_solo_requests(engine, params)
+
+
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_split_decode_graphs_equal_direct_launches_bit_for_bit(num_devices):
+    model_dir = wide_model("fp8-block")
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as graphs, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, decode_graphs=False,
+                   **ENGINE_OPTIONS) as direct:
+        assert graphs.info().num_decode_graphs == 5
+        assert direct.info().num_decode_graphs == 0
+        assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
 
 
 def test_split_engine_frees_every_page_across_many_requests():

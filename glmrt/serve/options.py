@@ -72,7 +72,7 @@ def add_engine_options(parser):
                             "default is native on the CUDA backend and high on the CPU backend")
     group.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="replay decode steps from CUDA graphs captured per batch-size bucket at startup "
-                            "(CUDA backend on one GPU; on by default)")
+                            "(CUDA backend, on each GPU of a split model; on by default)")
     group.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                        help="let each CUDA kernel start while the one before it finishes (programmatic dependent "
                             "launch; on by default)")

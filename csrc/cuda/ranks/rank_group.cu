@@ -17,6 +17,8 @@ static glmrt_status glmrt_rank_run(glmrt_cuda_group *group, int32_t rank, const 
     } else if (work->job == GLMRT_RANK_JOB_FORWARD) {
         status = glmrt_cuda_forward_packed(st, work->counts, work->host_inputs, rank == 0 ? work->out_logits : nullptr,
                                            rank == 0 ? work->out_sampled : nullptr);
+    } else if (work->job == GLMRT_RANK_JOB_CAPTURE) {
+        status = glmrt_cuda_decode_graphs_capture(st, work->counts, work->host_inputs);
     }
     if (status != GLMRT_OK) {
         int32_t nobody = -1;
@@ -130,7 +132,7 @@ static glmrt_status glmrt_group_collect(glmrt_cuda_group *group, int32_t job)
     if (failed < 0) {
         return GLMRT_OK;
     }
-    if (job == GLMRT_RANK_JOB_FORWARD) {
+    if (job == GLMRT_RANK_JOB_FORWARD || job == GLMRT_RANK_JOB_CAPTURE) {
         glmrt_group_abort_comms(group);
     }
     return glmrt_group_report(group, failed, group->rank_status[failed]);
@@ -286,6 +288,25 @@ static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
     return glmrt_group_warm_up(group);
 }
 
+static glmrt_status glmrt_group_capture_decode_graphs(glmrt_cuda_group *group)
+{
+    glmrt_cuda_state *first = group->ranks[0];
+    if (!glmrt_cuda_decode_graphs_wanted(first)) {
+        return GLMRT_OK;
+    }
+    GLMRT_TRY(glmrt_cuda_decode_graphs_pack_warm_up(first, group->host_step_inputs, &group->step_counts,
+                                                    &group->engine->error));
+    if (group->num_ranks == 1) {
+        return glmrt_cuda_decode_graphs_capture(first, &group->step_counts, group->host_step_inputs);
+    }
+    glmrt_rank_work work;
+    memset(&work, 0, sizeof(work));
+    work.job = GLMRT_RANK_JOB_CAPTURE;
+    work.counts = &group->step_counts;
+    work.host_inputs = group->host_step_inputs;
+    return glmrt_group_dispatch(group, &work);
+}
+
 static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
 {
     glmrt_engine *engine = group->engine;
@@ -313,7 +334,7 @@ static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
     GLMRT_CUDA_TRY(&engine->error, cudaSetDevice(first->device));
     GLMRT_CUDA_TRY(&engine->error, cudaHostAlloc((void **)&group->host_step_inputs, (size_t)first->step_input_bytes,
                                                  cudaHostAllocPortable));
-    return glmrt_cuda_decode_graphs_capture(first, group->host_step_inputs);
+    return glmrt_group_capture_decode_graphs(group);
 }
 
 static glmrt_status glmrt_group_check_devices(glmrt_cuda_group *group)

@@ -10,7 +10,8 @@ enum glmrt_rank_job {
     GLMRT_RANK_JOB_NONE = 0,
     GLMRT_RANK_JOB_LOAD = 1,
     GLMRT_RANK_JOB_FORWARD = 2,
-    GLMRT_RANK_JOB_STOP = 3
+    GLMRT_RANK_JOB_STOP = 3,
+    GLMRT_RANK_JOB_CAPTURE = 4
 };
 
 typedef struct glmrt_rank_work {

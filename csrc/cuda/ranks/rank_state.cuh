@@ -178,7 +178,11 @@ glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt
 int32_t glmrt_cuda_decode_graph_grid(const glmrt_cuda_state *st, int32_t bucket);
 cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket);
 int32_t glmrt_cuda_decode_graph_bucket(const glmrt_cuda_state *st, const glmrt_step_batch *batch);
-glmrt_status glmrt_cuda_decode_graphs_capture(glmrt_cuda_state *st, uint8_t *host_inputs);
+int glmrt_cuda_decode_graphs_wanted(const glmrt_cuda_state *st);
+glmrt_status glmrt_cuda_decode_graphs_pack_warm_up(const glmrt_cuda_state *st, uint8_t *host_inputs,
+                                                   glmrt_cuda_step_counts *out_counts, glmrt_error *error);
+glmrt_status glmrt_cuda_decode_graphs_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *warm_up,
+                                              const uint8_t *host_inputs);
 void glmrt_cuda_decode_graphs_release(glmrt_cuda_state *st);
 
 #endif

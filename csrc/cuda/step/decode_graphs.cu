@@ -29,10 +29,9 @@ static int32_t glmrt_decode_bucket_limit(const glmrt_cuda_state *st)
     return limit;
 }
 
-static int glmrt_decode_graphs_wanted(const glmrt_cuda_state *st)
+int glmrt_cuda_decode_graphs_wanted(const glmrt_cuda_state *st)
 {
-    const glmrt_engine_options *o = &st->engine->options;
-    return o->decode_graphs == GLMRT_DECODE_GRAPHS_DEFAULT && st->rank.num_ranks == 1 && st->dims.has_head;
+    return st->engine->options.decode_graphs == GLMRT_DECODE_GRAPHS_DEFAULT;
 }
 
 int32_t glmrt_cuda_decode_graph_grid(const glmrt_cuda_state *st, int32_t bucket)
@@ -72,23 +71,23 @@ int32_t glmrt_cuda_decode_graph_bucket(const glmrt_cuda_state *st, const glmrt_s
     return 0;
 }
 
-static glmrt_status glmrt_decode_graphs_warm_up(glmrt_cuda_state *st, int32_t bucket, uint8_t *host_inputs)
+glmrt_status glmrt_cuda_decode_graphs_pack_warm_up(const glmrt_cuda_state *st, uint8_t *host_inputs,
+                                                   glmrt_cuda_step_counts *out_counts, glmrt_error *error)
 {
     glmrt_step_batch empty;
     memset(&empty, 0, sizeof(empty));
     glmrt_cuda_step_padding padding;
-    padding.bucket = bucket;
+    padding.bucket = glmrt_decode_bucket_limit(st);
     padding.pad_page = st->kv_pad_page;
-    glmrt_cuda_step_counts counts;
-    GLMRT_TRY(glmrt_cuda_step_pack_padded(&empty, &st->capacity, &st->split_policy, st->kv.page_size,
-                                          st->kv_num_pages, &padding, host_inputs, &counts, st->error));
-    return glmrt_cuda_forward_padded_warm_up(st, &counts, host_inputs);
+    return glmrt_cuda_step_pack_padded(&empty, &st->capacity, &st->split_policy, st->kv.page_size, st->kv_num_pages,
+                                       &padding, host_inputs, out_counts, error);
 }
 
-static glmrt_status glmrt_decode_graphs_capture_all(glmrt_cuda_state *st, uint8_t *host_inputs)
+static glmrt_status glmrt_decode_graphs_capture_all(glmrt_cuda_state *st, const glmrt_cuda_step_counts *warm_up,
+                                                    const uint8_t *host_inputs)
 {
     int32_t limit = glmrt_decode_bucket_limit(st);
-    GLMRT_TRY(glmrt_decode_graphs_warm_up(st, limit, host_inputs));
+    GLMRT_TRY(glmrt_cuda_forward_padded_warm_up(st, warm_up, host_inputs));
     for (int32_t bucket = 1; bucket > 0 && st->graphs.count < GLMRT_CUDA_MAX_DECODE_GRAPHS;
          bucket = bucket >= limit ? 0 : glmrt_decode_bucket_after(bucket)) {
         int32_t rows = bucket < limit ? bucket : limit;
@@ -103,17 +102,15 @@ static glmrt_status glmrt_decode_graphs_capture_all(glmrt_cuda_state *st, uint8_
     return GLMRT_OK;
 }
 
-glmrt_status glmrt_cuda_decode_graphs_capture(glmrt_cuda_state *st, uint8_t *host_inputs)
+glmrt_status glmrt_cuda_decode_graphs_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *warm_up,
+                                              const uint8_t *host_inputs)
 {
-    if (!glmrt_decode_graphs_wanted(st)) {
-        return GLMRT_OK;
-    }
     GLMRT_CUDA_TRY(st->error, cudaSetDevice(st->device));
     size_t free_before = 0;
     size_t free_after = 0;
     size_t total = 0;
     GLMRT_CUDA_TRY(st->error, cudaMemGetInfo(&free_before, &total));
-    glmrt_status status = glmrt_decode_graphs_capture_all(st, host_inputs);
+    glmrt_status status = glmrt_decode_graphs_capture_all(st, warm_up, host_inputs);
     if (status != GLMRT_OK) {
         glmrt_cuda_decode_graphs_release(st);
         return status;

@@ -499,6 +499,13 @@ static glmrt_status glmrt_step_launch(glmrt_step_context *step)
     return GLMRT_OK;
 }
 
+static void glmrt_forward_mark_waiting(glmrt_cuda_state *st, int32_t waiting)
+{
+    if (st->waiting_for_stream != nullptr) {
+        __atomic_store_n(st->waiting_for_stream, waiting, __ATOMIC_RELEASE);
+    }
+}
+
 glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                         cudaGraphExec_t *out)
 {
@@ -533,9 +540,13 @@ glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt
 {
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
+    GLMRT_CUDA_TRY(st->error, cudaSetDevice(st->device));
     GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
     GLMRT_TRY(glmrt_step_body(&step));
-    GLMRT_CUDA_TRY(st->error, cudaStreamSynchronize(st->stream));
+    glmrt_forward_mark_waiting(st, 1);
+    cudaError_t synced = cudaStreamSynchronize(st->stream);
+    glmrt_forward_mark_waiting(st, 0);
+    GLMRT_CUDA_TRY(st->error, synced);
     return GLMRT_OK;
 }
 
@@ -573,9 +584,7 @@ glmrt_status glmrt_cuda_forward_wait(glmrt_cuda_state *st, int64_t *out_device_n
     glmrt_error *error = st->error;
     *out_device_ns = 0;
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
-    if (st->waiting_for_stream != nullptr) {
-        __atomic_store_n(st->waiting_for_stream, 1, __ATOMIC_RELEASE);
-    }
+    glmrt_forward_mark_waiting(st, 1);
     GLMRT_CUDA_TRY(error, cudaStreamSynchronize(st->stream));
     float elapsed_ms = 0.0f;
     GLMRT_CUDA_TRY(error, cudaEventElapsedTime(&elapsed_ms, st->step_started, st->step_finished));
