@@ -74,7 +74,8 @@ class GlmrtServer:
                                    default_max_tokens=args.default_max_tokens, watermark_pages=args.watermark_pages,
                                    served_model_name=name, max_stored_responses=args.max_stored_responses,
                                    max_active_per_client=client_limit, tokenizer_threads=args.tokenizer_threads,
-                                   max_tokenizing_per_client=args.max_tokenizing_per_client or client_limit)
+                                   max_tokenizing_per_client=args.max_tokenizing_per_client or client_limit,
+                                   relaunch_steps=args.relaunch_steps)
         options = engine_kwargs(args)
         self.runtime = ServingRuntime(lambda: Engine(model_dir, **options), model_dir, self.metrics, settings)
         self.state = ServerState(self.runtime, args.api_key, args.send_timeout, args.max_frame_bytes,

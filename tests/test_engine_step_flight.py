@@ -148,3 +148,55 @@ def test_the_cpu_forward_lets_other_python_threads_run(model_dir):
         inside = [stamp for stamp in ticks if begin < stamp < end]
         assert end - begin > 0.01
         assert len(inside) > 1 and max(inside) - min(inside) > 0.5 * (end - begin)
+
+
+def relaunched_rows_until_done(engine, requests):
+    produced = []
+    active = list(requests)
+    engine.launch(active)
+    while active:
+        tokens, codes, relaunched = engine.complete_and_relaunch()
+        produced.append((list(tokens), list(codes)))
+        active = [request for request, code in zip(active, codes) if code == 0]
+        assert relaunched == bool(active)
+    expect_refusal(engine.complete, "no step is in flight")
+    return produced
+
+
+def test_complete_and_relaunch_steps_the_unfinished_requests_as_launch_and_complete_would(model_dir):
+    with open_engine(model_dir) as engine:
+        expected = step_rows_until_done(engine, make_requests(engine, 4), Engine.step)
+    with open_engine(model_dir) as engine:
+        assert engine.info().asynchronous_launch == 0
+        requests = make_requests(engine, 4)
+        rows = relaunched_rows_until_done(engine, requests)
+        assert rows == expected
+        stats = engine.stats()
+        assert stats.step_gaps == len(rows) - 1
+        for request in requests:
+            engine.free_request(request)
+        engine.check_invariants()
+        assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
+
+
+def test_relaunch_that_needs_more_pages_than_are_free_leaves_nothing_in_flight(model_dir):
+    with open_engine(model_dir, kv_num_pages=3) as engine:
+        requests = [engine.create_request(prompt_of_length(15, engine.vocab_size, 80 + i), greedy(10))
+                    for i in range(2)]
+        engine.launch(requests)
+        _, _, relaunched = engine.complete_and_relaunch()
+        assert relaunched
+        tokens, codes, relaunched = engine.complete_and_relaunch()
+        assert not relaunched and all(token >= 0 for token in tokens) and list(codes) == [0, 0]
+        assert engine.stats().kv_pages_free == 1
+        assert [request.info().num_computed_tokens for request in requests] == [16, 16]
+        expect_refusal(engine.complete, "no step is in flight")
+        with pytest.raises(GlmrtError) as raised:
+            engine.launch(requests)
+        assert raised.value.status_name == "OUT_OF_PAGES"
+        engine.preempt_request(requests[1])
+        engine.launch([requests[0]])
+        engine.complete()
+        for request in requests:
+            engine.free_request(request)
+        engine.check_invariants()

@@ -16,11 +16,11 @@ def model_dir(tmp_path_factory):
     return build_server_test_model(tmp_path_factory.mktemp("engine-thread-model"))
 
 
-async def started_thread(model_dir, thread_type=EngineThread, engine_type=Engine, **engine_options):
+async def started_thread(model_dir, thread_type=EngineThread, engine_type=Engine, relaunch=None, **engine_options):
     settings = dict(OFFLINE_ENGINE)
     settings.update(engine_options)
     metrics = ServerMetrics()
-    thread = thread_type(lambda: engine_type(model_dir, **settings), metrics, max_inbox=16)
+    thread = thread_type(lambda: engine_type(model_dir, **settings), metrics, max_inbox=16, relaunch=relaunch)
     loop = asyncio.get_running_loop()
     loaded = loop.create_future()
     stopped = loop.create_future()
@@ -55,11 +55,12 @@ async def wait_for_pages(metrics, predicate):
     raise AssertionError(samples_of(metrics))
 
 
-async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model_dir):
-    jobs = [([5 + index, 17, 300, 42 + index], SamplingParams(temperature=0.8, max_new_tokens=12, seed=index))
-            for index in range(4)]
+@pytest.mark.parametrize("relaunch", (False, True))
+async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model_dir, relaunch):
+    jobs = [([5 + index, 17, 300, 42 + index], SamplingParams(temperature=0.8, max_new_tokens=12 + 3 * index,
+                                                               seed=index)) for index in range(4)]
     expected = solo_outputs(model_dir, jobs)
-    thread, metrics, stopped = await started_thread(model_dir)
+    thread, metrics, stopped = await started_thread(model_dir, relaunch=relaunch)
     works = [work(prompt, params) for prompt, params in jobs]
     for item in works:
         thread.submit(item)
@@ -73,8 +74,9 @@ async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model
     assert thread.join(5)
 
 
-async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_rest_incomplete(model_dir):
-    thread, metrics, stopped = await started_thread(model_dir)
+@pytest.mark.parametrize("relaunch", (False, True))
+async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_rest_incomplete(model_dir, relaunch):
+    thread, metrics, stopped = await started_thread(model_dir, relaunch=relaunch)
     long_params = SamplingParams(temperature=1.0, max_new_tokens=1500, ignore_eos=True, seed=3)
     first = work(list(range(10, 60)), long_params)
     second = work(list(range(70, 120)), long_params)
@@ -130,6 +132,38 @@ async def test_the_next_step_is_launched_before_the_last_steps_tokens_are_handed
     await asyncio.wait_for(stopped, 30)
     events = RecordingEngine.events
     assert events == ["launch", "complete"] + ["launch", "hand out", "complete"] * 5 + ["hand out"]
+
+
+class RelaunchCountingEngine(Engine):
+    launches = 0
+    relaunches = 0
+
+    def launch(self, requests):
+        super().launch(requests)
+        RelaunchCountingEngine.launches += 1
+
+    def complete_and_relaunch(self):
+        tokens, codes, relaunched = super().complete_and_relaunch()
+        RelaunchCountingEngine.relaunches += int(relaunched)
+        return tokens, codes, relaunched
+
+
+async def test_steady_decode_steps_are_relaunched_by_the_native_core(model_dir):
+    RelaunchCountingEngine.launches = RelaunchCountingEngine.relaunches = 0
+    thread, metrics, stopped = await started_thread(model_dir, engine_type=RelaunchCountingEngine, relaunch=True)
+    assert thread.engine_info.asynchronous_launch == 0
+    jobs = [work([9, 8, 7 + index], SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True))
+            for index in range(2)]
+    for item in jobs:
+        thread.submit(item)
+    results = await asyncio.gather(*(drain(item.queue) for item in jobs))
+    assert [len(tokens) for tokens, _ in results] == [10, 10]
+    assert RelaunchCountingEngine.relaunches >= 8
+    assert RelaunchCountingEngine.launches + RelaunchCountingEngine.relaunches >= 10
+    assert RelaunchCountingEngine.launches <= 2
+    await wait_for_pages(metrics, lambda used: used == 0)
+    thread.stop()
+    await asyncio.wait_for(stopped, 30)
 
 
 async def test_engine_refusals_reach_the_request_as_failed_with_a_code(model_dir):

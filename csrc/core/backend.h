@@ -40,6 +40,7 @@ typedef struct glmrt_backend_ops {
     glmrt_status (*launch)(void *state, const glmrt_step_batch *batch, float *out_logits,
                            glmrt_token *out_sampled);
     glmrt_status (*complete)(void *state, int64_t *out_device_ns);
+    int32_t launch_is_asynchronous;
 } glmrt_backend_ops;
 
 extern const glmrt_backend_ops glmrt_cpu_backend_ops;

@@ -165,6 +165,7 @@ static glmrt_status build_engine(glmrt_engine *engine, const char *model_dir)
         return status;
     }
     engine->info.backend = engine->options.backend;
+    engine->info.asynchronous_launch = engine->backend_ops->launch_is_asynchronous;
     engine->info.num_threads = engine->options.num_threads;
     engine->info.max_batch = engine->options.max_batch;
     engine->info.max_tokens_per_step = engine->options.max_tokens_per_step;

@@ -9,6 +9,7 @@
 typedef struct glmrt_step_scratch {
     glmrt_request **sorted_requests;
     glmrt_request **flight_requests;
+    glmrt_request **relaunch_requests;
     glmrt_token *token_ids;
     glmrt_pos *positions;
     int32_t *token_seq;

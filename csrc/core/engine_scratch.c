@@ -7,6 +7,7 @@ void glmrt_step_scratch_free(glmrt_step_scratch *scratch)
 {
     free(scratch->sorted_requests);
     free(scratch->flight_requests);
+    free(scratch->relaunch_requests);
     free(scratch->token_ids);
     free(scratch->positions);
     free(scratch->token_seq);
@@ -36,6 +37,7 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
     size_t tokens = (size_t)max_tokens;
     scratch->sorted_requests = calloc(batch, sizeof(glmrt_request *));
     scratch->flight_requests = calloc(batch, sizeof(glmrt_request *));
+    scratch->relaunch_requests = calloc(batch, sizeof(glmrt_request *));
     scratch->token_ids = calloc(tokens, sizeof(glmrt_token));
     scratch->positions = calloc(tokens, sizeof(glmrt_pos));
     scratch->token_seq = calloc(tokens, sizeof(int32_t));
@@ -54,7 +56,7 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
     scratch->sample_token_index = calloc(batch, sizeof(int32_t));
     scratch->sampled = calloc(batch, sizeof(glmrt_token));
     scratch->logits = calloc(batch * (size_t)vocab_size, sizeof(float));
-    if (!scratch->sorted_requests || !scratch->flight_requests || !scratch->token_ids || !scratch->positions || !scratch->token_seq || !scratch->seq_requests ||
+    if (!scratch->sorted_requests || !scratch->flight_requests || !scratch->relaunch_requests || !scratch->token_ids || !scratch->positions || !scratch->token_seq || !scratch->seq_requests ||
         !scratch->seq_batch_index || !scratch->seq_token_start || !scratch->seq_num_tokens ||
         !scratch->seq_context_len || !scratch->seq_page_tables || !scratch->seq_new_pages || !scratch->seq_num_pages || !scratch->seq_hit_pages ||
         !scratch->request_computed ||
@@ -71,6 +73,6 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
 int64_t glmrt_step_scratch_bytes(int32_t max_batch, int32_t max_tokens, int32_t vocab_size)
 {
     int64_t per_token = 3 * 4;
-    int64_t per_seq = (int64_t)sizeof(void *) * 4 + 12 * 4 + (int64_t)sizeof(glmrt_step_sample);
+    int64_t per_seq = (int64_t)sizeof(void *) * 5 + 12 * 4 + (int64_t)sizeof(glmrt_step_sample);
     return per_token * max_tokens + per_seq * max_batch + (int64_t)max_batch * vocab_size * 4;
 }

@@ -430,6 +430,43 @@ glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t
     return status;
 }
 
+static int32_t collect_unfinished(glmrt_engine *engine, int32_t n)
+{
+    glmrt_request *const *completed = engine->scratch.flight_requests;
+    glmrt_request **next = engine->scratch.relaunch_requests;
+    int32_t count = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        if (!glmrt_request_is_finished(completed[i])) {
+            next[count++] = completed[i];
+        }
+    }
+    return count;
+}
+
+glmrt_status glmrt_step_complete_relaunch(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
+                                          int32_t *out_finish_reasons, int32_t *out_count, int32_t *out_relaunched)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    if (out_relaunched == NULL) {
+        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "step_complete_relaunch: relaunched output is NULL");
+    }
+    *out_relaunched = 0;
+    int32_t n = engine->flight.num_requests;
+    glmrt_status status = glmrt_step_complete(engine, capacity, out_tokens, out_finish_reasons, out_count);
+    if (status != GLMRT_OK) {
+        return status;
+    }
+    int32_t next = collect_unfinished(engine, n);
+    if (next > 0 && launch_step(engine, engine->scratch.relaunch_requests, next, 0, "step_complete_relaunch") ==
+                        GLMRT_OK) {
+        *out_relaunched = 1;
+    }
+    return GLMRT_OK;
+}
+
 glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
                                            int64_t *out_tokens, int32_t *out_finish_reasons, float *out_logits)
 {

@@ -63,4 +63,5 @@ extern "C" const glmrt_backend_ops glmrt_cuda_backend_ops = {
     glmrt_cuda_destroy,
     glmrt_cuda_launch_op,
     glmrt_cuda_complete_op,
+    1,
 };

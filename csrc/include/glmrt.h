@@ -180,6 +180,7 @@ typedef struct glmrt_engine_info {
     int32_t num_native_matmuls;
     int32_t num_decode_graphs;
     int64_t decode_graph_bytes;
+    int32_t asynchronous_launch;
     char device_name[128];
 } glmrt_engine_info;
 
@@ -240,6 +241,8 @@ glmrt_status glmrt_run_batch_decode(glmrt_engine *engine, glmrt_request *const *
 glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *requests, int32_t n);
 glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
                                  int32_t *out_finish_reasons, int32_t *out_count);
+glmrt_status glmrt_step_complete_relaunch(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
+                                          int32_t *out_finish_reasons, int32_t *out_count, int32_t *out_relaunched);
 glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
                                            int64_t *out_tokens, int32_t *out_finish_reasons, float *out_logits);
 

@@ -74,6 +74,7 @@ class EngineInfo:
     num_native_matmuls: int
     num_decode_graphs: int
     decode_graph_bytes: int
+    asynchronous_launch: int
     device_name: str
 
 
@@ -185,6 +186,7 @@ class Engine:
         self._requests_in = (native.request_p * self.max_batch)()
         self._infos_out = (native.RequestInfoStruct * self.max_batch)()
         self._count_out = ctypes.c_int32()
+        self._relaunched_out = ctypes.c_int32()
 
     def __enter__(self):
         return self
@@ -309,6 +311,15 @@ class Engine:
         self._check(self._lib.glmrt_step_complete(self._handle, self.max_batch, self._tokens_out,
                                                   self._finish_reasons_out, ctypes.byref(count)))
         return self._tokens_out[:count.value], self._finish_reasons_out[:count.value]
+
+    def complete_and_relaunch(self):
+        self._require_open()
+        count = self._count_out
+        self._check(self._lib.glmrt_step_complete_relaunch(self._handle, self.max_batch, self._tokens_out,
+                                                           self._finish_reasons_out, ctypes.byref(count),
+                                                           ctypes.byref(self._relaunched_out)))
+        return (self._tokens_out[:count.value], self._finish_reasons_out[:count.value],
+                bool(self._relaunched_out.value))
 
     def step_with_logits(self, requests):
         self._require_open()

@@ -61,8 +61,10 @@ class Deliveries:
 
 
 class EngineThread:
-    def __init__(self, engine_factory, metrics, max_inbox, max_running=None, watermark_pages=0):
+    def __init__(self, engine_factory, metrics, max_inbox, max_running=None, watermark_pages=0, relaunch=None):
         self._factory = engine_factory
+        self._relaunch_option = relaunch
+        self._relaunch = False
         self._metrics = metrics
         self._max_inbox = max_inbox
         self._max_running = max_running
@@ -155,6 +157,7 @@ class EngineThread:
         info = self._engine.info()
         self.engine_info = info
         self.config = self._engine.config
+        self._relaunch = bool(info.asynchronous_launch if self._relaunch_option is None else self._relaunch_option)
         max_running = info.max_batch if self._max_running is None else min(info.max_batch, self._max_running)
         self.scheduler = Scheduler(self._engine, SchedulerPolicy(max_running=max_running,
                                                                  watermark_pages=self._watermark_pages))
@@ -176,10 +179,11 @@ class EngineThread:
         deliveries = Deliveries()
         for request in arrivals:
             self._accept(request, deliveries)
-        completed = self._complete_safely(deliveries)
+        relaunch = self._relaunch and not (cancels or stopping or self.scheduler.waiting)
+        completed = self._complete_safely(deliveries, relaunch)
         for request_id in cancels:
             self._cancel(request_id, deliveries)
-        if not stopping and self.scheduler.has_work():
+        if self._in_flight is None and not stopping and self.scheduler.has_work():
             self._launch_safely(deliveries)
         if completed is not None:
             self._hand_out(completed, deliveries)
@@ -220,17 +224,24 @@ class EngineThread:
                                          message="the KV cache pool cannot hold this request"), deliveries)
         self._metrics.num_preemptions.inc(len(result.preempted))
 
-    def _complete_safely(self, deliveries):
+    def _complete_safely(self, deliveries, relaunch=False):
         result = self._in_flight
         if result is None:
             return None
         self._in_flight = None
+        follow_up = None
         try:
-            self.scheduler.complete(result)
+            if relaunch:
+                follow_up = self.scheduler.complete_and_relaunch(result)
+            else:
+                self.scheduler.complete(result)
         except GlmrtError as exc:
             self._fail_running(exc, deliveries)
             return None
         result.completed_at = time.perf_counter()
+        if follow_up is not None:
+            follow_up.launched_at = result.completed_at
+            self._in_flight = follow_up
         for request in result.finished_requests:
             self._engine.free_request(request)
         return result

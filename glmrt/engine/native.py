@@ -147,6 +147,7 @@ class EngineInfoStruct(ctypes.Structure):
         ("num_native_matmuls", ctypes.c_int32),
         ("num_decode_graphs", ctypes.c_int32),
         ("decode_graph_bytes", ctypes.c_int64),
+        ("asynchronous_launch", ctypes.c_int32),
         ("device_name", ctypes.c_char * 128),
     ]
 
@@ -201,6 +202,9 @@ SIGNATURES = {
     "glmrt_step_launch": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32]),
     "glmrt_step_complete": (c_status, [engine_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
                                        ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)]),
+    "glmrt_step_complete_relaunch": (c_status, [engine_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
+                                                ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32),
+                                                ctypes.POINTER(ctypes.c_int32)]),
     "glmrt_run_batch_decode": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32,
                                           ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)]),
     "glmrt_run_batch_decode_logits": (c_status, [engine_p, ctypes.POINTER(request_p), ctypes.c_int32,

@@ -173,6 +173,13 @@ class Scheduler:
         self.retire_finished(result)
         return result
 
+    def complete_and_relaunch(self, result):
+        result.tokens, result.finish_codes, relaunched = self.engine.complete_and_relaunch()
+        self.retire_finished(result)
+        if not relaunched:
+            return None
+        return StepResult(batch=[request for request, code in zip(result.batch, result.finish_codes) if not code])
+
     def step(self):
         result = self.launch()
         if result.batch:

@@ -106,6 +106,11 @@ def add_serving_options(parser):
                        help="comma-separated Origin values browsers may connect from (default: any)")
     group.add_argument("--max-stored-responses", type=non_negative_int, default=4096,
                        help="finished responses kept in memory for previous_response_id (0 keeps none)")
+    group.add_argument("--relaunch-steps", action=argparse.BooleanOptionalAction, default=None,
+                       help="when a step completes and no request waits to join or leave the batch, the native core "
+                            "launches the next step of the same requests before the engine thread runs any Python, "
+                            "so the device does not wait for the interpreter (default: on where launches return "
+                            "before the forward pass runs, the CUDA backend)")
     group.add_argument("--switch-interval", type=positive_float, default=0.0001,
                        help="seconds a Python thread runs before the interpreter offers its lock to another "
                             "(Python's default is 0.005); short, so the engine thread never waits long behind "

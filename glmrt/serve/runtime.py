@@ -32,6 +32,7 @@ class RuntimeSettings:
     max_active_per_client: int = 64
     tokenizer_threads: int = 2
     max_tokenizing_per_client: int = 8
+    relaunch_steps: bool | None = None
 
     @property
     def capacity(self):
@@ -60,7 +61,8 @@ class ServingRuntime:
         self.settings = settings
         self.engine_thread = EngineThread(engine_factory, metrics, max_inbox=settings.capacity,
                                           max_running=settings.max_concurrent,
-                                          watermark_pages=settings.watermark_pages)
+                                          watermark_pages=settings.watermark_pages,
+                                          relaunch=settings.relaunch_steps)
         self.tokenizer = None
         self.max_token_bytes = 1
         self.limits = None
