@@ -84,12 +84,50 @@ def http_text(url):
         return response.read().decode()
 
 
+SERVER_COUNTERS = {
+    "steps": "glmrt:step_duration_seconds_count",
+    "step_seconds": "glmrt:step_duration_seconds_sum",
+    "batch_sum": "glmrt:step_batch_size_sum",
+    "tokens": "glmrt:generation_tokens_total",
+    "device_seconds": "glmrt:device_forward_seconds_total",
+    "gap_seconds": "glmrt:step_gap_seconds_total",
+    "gaps": "glmrt:step_gaps_total",
+    "preemptions": "glmrt:num_preemptions_total",
+}
+
+
 def metric(text, name):
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def server_counters(port):
+    text = http_text(f"http://127.0.0.1:{port}/metrics")
+    return {name: metric(text, sample) for name, sample in SERVER_COUNTERS.items()}
+
+
+def counter_deltas(before, after):
+    return {name: after[name] - before[name] for name in SERVER_COUNTERS}
+
+
+def wait_ready(process, log_path, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = LISTENING.search(Path(log_path).read_text(errors="replace"))
+        if match:
+            port = int(match.group(1))
+            try:
+                if "ok" in http_text(f"http://127.0.0.1:{port}/readyz"):
+                    return port
+            except OSError:
+                pass
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}:\n{Path(log_path).read_text()}")
+        time.sleep(0.2)
+    raise TimeoutError(f"the server was not ready after {timeout:g} s")
 
 
 def start_server(tree, model_dir, args, log_path, variant):
@@ -101,20 +139,7 @@ def start_server(tree, model_dir, args, log_path, variant):
     env = tree_environment(tree)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        match = LISTENING.search(Path(log_path).read_text(errors="replace"))
-        if match:
-            port = int(match.group(1))
-            try:
-                if "ok" in http_text(f"http://127.0.0.1:{port}/readyz"):
-                    return process, port
-            except OSError:
-                pass
-        if process.poll() is not None:
-            raise RuntimeError(Path(log_path).read_text())
-        time.sleep(0.2)
-    raise TimeoutError("server did not become ready")
+    return process, wait_ready(process, log_path, 300)
 
 
 def run_load(tree, port, api, args, out_dir):
@@ -129,31 +154,26 @@ def run_load(tree, port, api, args, out_dir):
             command += ["--api", api]
         processes.append((subprocess.Popen(command, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                            env=tree_environment(tree)), json_path))
-    before = http_text(f"http://127.0.0.1:{port}/metrics")
+    before = server_counters(port)
     started = time.monotonic()
     time.sleep(args.duration)
-    after = http_text(f"http://127.0.0.1:{port}/metrics")
+    delta = counter_deltas(before, server_counters(port))
     elapsed = time.monotonic() - started
     results = []
     for process, json_path in processes:
         process.wait(timeout=args.duration + 120)
         results.append(json.loads(json_path.read_text()))
-    steps = metric(after, "glmrt:step_duration_seconds_count") - metric(before, "glmrt:step_duration_seconds_count")
-    tokens = metric(after, "glmrt:generation_tokens_total") - metric(before, "glmrt:generation_tokens_total")
+    steps = delta["steps"]
     errors = {}
     for result in results:
         for kind, count in (result.get("errors") or {}).items():
             errors[kind] = errors.get(kind, 0) + count
-    batch = metric(after, "glmrt:step_batch_size_sum") - metric(before, "glmrt:step_batch_size_sum")
-    busy = metric(after, "glmrt:step_duration_seconds_sum") - metric(before, "glmrt:step_duration_seconds_sum")
-    gap_seconds = metric(after, "glmrt:step_gap_seconds_total") - metric(before, "glmrt:step_gap_seconds_total")
-    gaps = metric(after, "glmrt:step_gaps_total") - metric(before, "glmrt:step_gaps_total")
-    device = (metric(after, "glmrt:device_forward_seconds_total")
-              - metric(before, "glmrt:device_forward_seconds_total"))
-    return {"steps_per_s": steps / elapsed, "server_tokens_per_s": tokens / elapsed,
+    device = delta["device_seconds"]
+    return {"steps_per_s": steps / elapsed, "server_tokens_per_s": delta["tokens"] / elapsed,
             "client_tokens_per_s": sum(result.get("output_tokens_per_s", 0.0) for result in results),
-            "mean_batch": batch / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
-            "mean_gap_ms": 1e3 * gap_seconds / gaps if gaps else None,
+            "mean_batch": delta["batch_sum"] / steps if steps else 0.0,
+            "mean_step_ms": 1e3 * delta["step_seconds"] / steps if steps else 0.0,
+            "mean_gap_ms": 1e3 * delta["gap_seconds"] / delta["gaps"] if delta["gaps"] else None,
             "mean_device_ms": 1e3 * device / steps if steps and device > 0 else None,
             "errors": sum(errors.values()), "error_kinds": errors}
 
@@ -260,7 +280,8 @@ def engine_workload(model_dir, args):
     return {"steps_per_s": steps / elapsed, "tokens_per_s": tokens / elapsed,
             "mean_batch": batch_sum / steps if steps else 0.0, "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
             "mean_gap_ms": mean_gap_ms(stats_before, stats_after),
-            "mean_device_ms": mean_device_ms(stats_before, stats_after, steps), "steps": steps, "seconds": elapsed, "failed_requests": streams.num_failed}
+            "mean_device_ms": mean_device_ms(stats_before, stats_after, steps), "steps": steps, "seconds": elapsed,
+            "failed_requests": streams.num_failed}
 
 
 def serve_once(tree, model_dir, args, work, variant, api):
@@ -273,8 +294,8 @@ def serve_once(tree, model_dir, args, work, variant, api):
         process.wait(timeout=120)
     print(f"{tree} [{variant}] {api}: {result['steps_per_s']:.1f} steps/s, server {result['server_tokens_per_s']:.0f} "
           f"tokens/s, clients {result['client_tokens_per_s']:.0f} tokens/s, mean batch {result['mean_batch']:.1f}, "
-          f"mean step {result['mean_step_ms']:.2f} ms, device {ms_text(result['mean_device_ms'])} a step, host gap between steps "
-          f"{ms_text(result['mean_gap_ms'])}, "
+          f"mean step {result['mean_step_ms']:.2f} ms, device {ms_text(result['mean_device_ms'])} a step, "
+          f"host gap between steps {ms_text(result['mean_gap_ms'])}, "
           f"errors {result['error_kinds'] or 'none'}", flush=True)
     return dict(tree=tree, variant=variant, api=api, **result)
 
@@ -305,7 +326,8 @@ def main(argv=None):
               f"generated, {args.duration:g} s): {workload['steps_per_s']:.1f} steps/s, "
               f"{workload['tokens_per_s']:.0f} tokens/s, mean batch {workload['mean_batch']:.1f}, "
               f"mean step {workload['mean_step_ms']:.2f} ms, device {ms_text(workload['mean_device_ms'])} a step, "
-              f"host gap between steps {ms_text(workload['mean_gap_ms'])}, failed requests {workload['failed_requests']}",
+              f"host gap between steps {ms_text(workload['mean_gap_ms'])}, "
+              f"failed requests {workload['failed_requests']}",
               flush=True)
         for tree in trees:
             apis = args.apis.split(",") if tree_layout(tree)["new"] else ["websocket"]

@@ -11,18 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.serve_ceiling import LISTENING, http_text, metric
-
-SERVER_COUNTERS = {
-    "steps": "glmrt:step_duration_seconds_count",
-    "step_seconds": "glmrt:step_duration_seconds_sum",
-    "batch_sum": "glmrt:step_batch_size_sum",
-    "tokens": "glmrt:generation_tokens_total",
-    "device_seconds": "glmrt:device_forward_seconds_total",
-    "gap_seconds": "glmrt:step_gap_seconds_total",
-    "gaps": "glmrt:step_gaps_total",
-    "preemptions": "glmrt:num_preemptions_total",
-}
+from bench.serve_ceiling import counter_deltas, server_counters, wait_ready
 
 
 def parse_args(argv):
@@ -78,23 +67,6 @@ def server_command(args, model_dir):
     return command + args.server_arg
 
 
-def wait_ready(process, log_path, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = LISTENING.search(log_path.read_text(errors="replace"))
-        if match:
-            port = int(match.group(1))
-            try:
-                if "ok" in http_text(f"http://127.0.0.1:{port}/readyz"):
-                    return port
-            except OSError:
-                pass
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}:\n{log_path.read_text()}")
-        time.sleep(0.5)
-    raise TimeoutError(f"the server was not ready after {timeout:g} s:\n{log_path.read_text()}")
-
-
 def start(args):
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -121,13 +93,8 @@ def start(args):
     return 0
 
 
-def counters(port):
-    text = http_text(f"http://127.0.0.1:{port}/metrics")
-    return {name: metric(text, sample) for name, sample in SERVER_COUNTERS.items()}
-
-
 def server_summary(before, after, seconds):
-    delta = {name: after[name] - before[name] for name in SERVER_COUNTERS}
+    delta = counter_deltas(before, after)
     steps = delta["steps"]
     return {
         "steps_per_s": steps / seconds if seconds > 0 else 0.0,
@@ -164,11 +131,11 @@ def load(args):
     state_path = Path(args.state)
     state = json.loads(state_path.read_text())
     json_path = Path(state["log"]).with_name(f"load-{args.api}-{args.concurrency}-{len(state['runs'])}.json")
-    before = counters(state["port"])
+    before = server_counters(state["port"])
     started = time.monotonic()
     client = run_loadgen(state, args, json_path)
     seconds = time.monotonic() - started
-    server = server_summary(before, counters(state["port"]), seconds)
+    server = server_summary(before, server_counters(state["port"]), seconds)
     run = {"api": args.api, "concurrency": args.concurrency, "duration": args.duration,
            "prompt_len": args.prompt_len, "gen_len": args.gen_len, "client": client, "server": server}
     state["runs"].append(run)

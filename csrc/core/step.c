@@ -166,7 +166,7 @@ static glmrt_status check_sampled_tokens(glmrt_engine *engine, const glmrt_step_
 static int continues_last_step(const glmrt_engine *engine, int32_t num_seqs)
 {
     for (int32_t s = 0; s < num_seqs; ++s) {
-        if (engine->scratch.seq_requests[s]->last_step == engine->step_gaps.completed_step) {
+        if (engine->scratch.seq_requests[s]->last_step == engine->steps) {
             return 1;
         }
     }
@@ -181,12 +181,6 @@ static void close_step_gap(glmrt_engine *engine, int32_t num_seqs)
         gaps->count += 1;
     }
     gaps->completed_at_ns = 0;
-}
-
-static void open_step_gap(glmrt_engine *engine)
-{
-    engine->step_gaps.completed_step = engine->steps;
-    engine->step_gaps.completed_at_ns = glmrt_monotonic_ns();
 }
 
 static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt_step_batch *batch, int want_logits)
@@ -374,7 +368,7 @@ static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int
     }
     commit_step(engine, &flight->batch);
     if (flight->num_seqs > 0) {
-        open_step_gap(engine);
+        engine->step_gaps.completed_at_ns = glmrt_monotonic_ns();
     }
     write_outputs(engine, engine->scratch.flight_requests, flight->num_requests, &flight->batch, out_tokens,
                   out_finish_reasons, out_logits);

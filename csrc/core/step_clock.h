@@ -6,7 +6,6 @@
 
 typedef struct glmrt_step_gaps {
     int64_t completed_at_ns;
-    int64_t completed_step;
     int64_t total_ns;
     int64_t count;
 } glmrt_step_gaps;

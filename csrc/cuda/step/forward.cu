@@ -540,7 +540,6 @@ glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt
 {
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
-    GLMRT_CUDA_TRY(st->error, cudaSetDevice(st->device));
     GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
     GLMRT_TRY(glmrt_step_body(&step));
     glmrt_forward_mark_waiting(st, 1);
