@@ -23,6 +23,8 @@ def parse_args(argv):
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--num-devices", type=int, default=1,
+                        help="split the model over this many GPUs; the tables give the mean of one GPU")
     parser.add_argument("--top", type=int, default=16, help="kernels listed per batch")
     parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True)
@@ -63,23 +65,24 @@ def launch_sequence(events, name_parts, steps):
     return sequences
 
 
-def step_table(profiler, steps, wall, launches_of, label):
+def step_table(profiler, steps, wall, launches_of, label, num_devices):
     per_kernel = defaultdict(lambda: [0, 0.0])
     events = kernel_events(profiler)
-    sequence = launch_sequence(events, launches_of, steps)
+    device_steps = steps * num_devices
+    sequence = launch_sequence(events, launches_of, device_steps)
     for event in events:
         entry = per_kernel[short_name(event.name)]
         entry[0] += 1
         entry[1] += event.device_time_total
-    gpu_us = sum(entry[1] for entry in per_kernel.values()) / steps
-    launches = sum(entry[0] for entry in per_kernel.values()) / steps
-    kernels = sorted(((name, count / steps, total / steps) for name, (count, total) in per_kernel.items()),
-                     key=lambda row: -row[2])
+    gpu_us = sum(entry[1] for entry in per_kernel.values()) / device_steps
+    launches = sum(entry[0] for entry in per_kernel.values()) / device_steps
+    kernels = sorted(((name, count / device_steps, total / device_steps)
+                      for name, (count, total) in per_kernel.items()), key=lambda row: -row[2])
     return dict(batch=label, wall_us=1e6 * wall / steps, gpu_us=gpu_us, launches=launches,
                 kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
 
 
-def profile_batch(torch, engine, requests, steps, launches_of=""):
+def profile_batch(torch, engine, requests, steps, num_devices, launches_of=""):
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
@@ -90,10 +93,10 @@ def profile_batch(torch, engine, requests, steps, launches_of=""):
         for _ in range(steps):
             engine.step(requests)
         wall = time.perf_counter() - start
-    return step_table(profiler, steps, wall, launches_of, len(requests))
+    return step_table(profiler, steps, wall, launches_of, len(requests), num_devices)
 
 
-def profile_prefill(torch, engine, prompts, params, launches_of=""):
+def profile_prefill(torch, engine, prompts, params, num_devices, launches_of=""):
     from torch.profiler import ProfilerActivity, profile
 
     requests = [engine.create_request(prompt, params) for prompt in prompts]
@@ -112,7 +115,7 @@ def profile_prefill(torch, engine, prompts, params, launches_of=""):
         engine.free_request(request)
     tokens = sum(len(prompt) for prompt in prompts)
     return step_table(profiler, steps, wall, launches_of,
-                      f"prefill of {len(prompts)} prompts, {tokens} tokens in {steps} steps")
+                      f"prefill of {len(prompts)} prompts, {tokens} tokens in {steps} steps", num_devices)
 
 
 def print_batch(row, top, layers):
@@ -138,7 +141,7 @@ def main(argv):
     largest = max(batches)
     new_tokens = len(batches) * (args.steps + 2) + 4
     pages = max(largest, args.prefill_prompts) * -(-(args.context + new_tokens + 1) // PAGE_SIZE) + 16
-    engine = Engine(model_dir, backend="cuda", random_weights=True, max_batch=largest,
+    engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True, max_batch=largest,
                     max_tokens_per_step=max(2048, largest), kv_page_size=PAGE_SIZE, kv_num_pages=pages,
                     matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
                     dependent_launches=args.dependent_launches)
@@ -148,16 +151,17 @@ def main(argv):
                 for _ in range(largest)]
     fill_contexts(engine, requests)
     info = engine.info()
-    print(f"{info.device_name}, {config['num_hidden_layers']} layers ({args.moe_layers} MoE), "
+    print(f"{info.num_devices} x {info.device_name}, {config['num_hidden_layers']} layers ({args.moe_layers} MoE), "
           f"{info.num_decode_graphs} decode graphs, matmul precision {args.matmul_precision}")
-    rows = [profile_batch(torch, engine, requests[:batch], args.steps, args.launches) for batch in batches]
+    rows = [profile_batch(torch, engine, requests[:batch], args.steps, args.num_devices, args.launches)
+            for batch in batches]
     if args.prefill_prompts:
         for request in requests:
             engine.free_request(request)
         requests = []
         prompts = [random_prompt(rng, args.context, config["vocab_size"]) for _ in range(args.prefill_prompts)]
         prefill_params = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
-        rows.append(profile_prefill(torch, engine, prompts, prefill_params, args.launches))
+        rows.append(profile_prefill(torch, engine, prompts, prefill_params, args.num_devices, args.launches))
     for row in rows:
         print_batch(row, args.top, config["num_hidden_layers"])
     for request in requests:

@@ -54,12 +54,24 @@ static void *glmrt_rank_thread(void *arg)
     }
 }
 
+static void glmrt_group_release_graphs(glmrt_cuda_group *group)
+{
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        if (st != nullptr && st->graphs.count > 0 && cudaSetDevice(st->device) == cudaSuccess) {
+            glmrt_cuda_decode_graphs_release(st);
+        }
+        cudaGetLastError();
+    }
+}
+
 static void glmrt_group_abort_comms(glmrt_cuda_group *group)
 {
     if (!group->comms_live || group->comms_aborted) {
         return;
     }
     group->comms_aborted = 1;
+    glmrt_group_release_graphs(group);
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         if (group->comms[r] != nullptr) {
             ncclCommAbort(group->comms[r]);
@@ -377,12 +389,25 @@ static glmrt_status glmrt_group_build(glmrt_cuda_group *group)
     return glmrt_group_allocate(group);
 }
 
+static void glmrt_group_settle_streams(glmrt_cuda_group *group)
+{
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        if (st != nullptr && st->stream != nullptr && cudaSetDevice(st->device) == cudaSuccess) {
+            cudaStreamSynchronize(st->stream);
+        }
+        cudaGetLastError();
+    }
+}
+
 void glmrt_cuda_group_destroy(glmrt_cuda_group *group)
 {
     if (group == nullptr) {
         return;
     }
     glmrt_group_stop_threads(group);
+    glmrt_group_settle_streams(group);
+    glmrt_group_release_graphs(group);
     if (group->comms_live && !group->comms_aborted) {
         for (int32_t r = 0; r < group->num_ranks; ++r) {
             if (group->comms[r] != nullptr) {
