@@ -28,6 +28,7 @@ def parse_args(argv):
     parser.add_argument("--top", type=int, default=16, help="kernels listed per batch")
     parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--all-reduce", choices=("nccl", "peer"), default="nccl")
     parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"))
     parser.add_argument("--launches", default="",
                         help="comma-separated parts of kernel names: list each launch of one step in order, with its time")
@@ -144,7 +145,7 @@ def main(argv):
     engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True, max_batch=largest,
                     max_tokens_per_step=max(2048, largest), kv_page_size=PAGE_SIZE, kv_num_pages=pages,
                     matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
-                    dependent_launches=args.dependent_launches)
+                    dependent_launches=args.dependent_launches, all_reduce=args.all_reduce)
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     requests = [engine.create_request(random_prompt(rng, args.context, config["vocab_size"]), params)

@@ -81,6 +81,37 @@ def test_split_decode_graphs_equal_direct_launches_bit_for_bit(num_devices):
         assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
 
 
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_peer_all_reduce_computes_what_nccl_computes(num_devices):
+    model_dir = wide_model("fp8-block")
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as nccl, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as peer:
+        assert peer.info().workspace_bytes > nccl.info().workspace_bytes
+        for prompt in prompts_for(peer):
+            expected, actual = first_logits(nccl, prompt), first_logits(peer, prompt)
+            error = relative_l2(actual, expected)
+            print(f"peer all-reduce over {num_devices} GPUs, prompt of {len(prompt)}: relative L2 {error:.3e} to NCCL")
+            assert np.all(np.isfinite(actual))
+            if num_devices == 2:
+                assert np.array_equal(actual, expected)
+            assert error < SPLIT_RELATIVE_L2
+        for prompt in prompts_for(peer)[:3]:
+            tokens, rows = greedy_with_logits(nccl, prompt, 12)
+            peer_tokens, _ = greedy_with_logits(peer, prompt, 12)
+            index, margin = first_divergence_margin(tokens, rows, peer_tokens)
+            assert margin <= TIE_MARGIN, f"diverged at token {index} where the NCCL margin was {margin}"
+
+
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_peer_all_reduce_keeps_batched_equal_to_solo_and_graphs_equal_to_direct(num_devices):
+    model_dir = wide_model("fp8-block")
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as graphs, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", decode_graphs=False,
+                   **ENGINE_OPTIONS) as direct:
+        check_batched_requests_equal_solo_requests(graphs, BATCH_PARAMS[0])
+        assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
+
+
 def test_split_engine_frees_every_page_across_many_requests():
     with Engine(wide_model("bf16"), backend="cuda", num_devices=2, max_batch=8, max_tokens_per_step=64,
                 kv_page_size=16, kv_num_pages=48) as engine:

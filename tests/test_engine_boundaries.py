@@ -260,3 +260,37 @@ def test_launch_option_out_of_range_is_refused_with_its_name(model_dir, field):
     assert status == native.STATUS_INVALID_ARGUMENT
     assert not handle
     assert message.value.decode() == f"{field} must be 0 (default) or 1 (off), got 5"
+
+
+def test_all_reduce_out_of_range_is_refused_with_its_choices(model_dir):
+    library = native.load_library(native.BACKEND_CPU)
+    options = native.EngineOptionsStruct()
+    library.glmrt_engine_options_default(ctypes.byref(options))
+    assert options.all_reduce == native.ALL_REDUCE_NCCL
+    options.all_reduce = 7
+    config = native_model_config(load_model_config(model_dir))
+    handle = native.engine_p()
+    message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)
+    status = library.glmrt_engine_create(str(model_dir).encode(), ctypes.byref(config), ctypes.byref(options),
+                                         ctypes.byref(handle), message, len(message))
+    assert status == native.STATUS_INVALID_ARGUMENT
+    assert not handle
+    assert message.value.decode() == "all_reduce must be 0 (nccl) or 1 (peer), got 7"
+
+
+def test_all_reduce_names_are_checked_before_the_library_is_asked(model_dir):
+    from glmrt.engine.engine import Engine
+
+    with pytest.raises(ValueError, match="all_reduce must be one of \\['nccl', 'peer'\\], got 'ring'"):
+        Engine(model_dir, all_reduce="ring")
+    with open_engine(model_dir, all_reduce="peer") as engine:
+        assert engine.info().num_devices == 1
+
+
+def test_server_all_reduce_option_reaches_the_engine_arguments():
+    from glmrt.serve.options import engine_kwargs, server_parser
+
+    assert engine_kwargs(server_parser().parse_args([]))["all_reduce"] == "nccl"
+    assert engine_kwargs(server_parser().parse_args(["--all-reduce", "peer"]))["all_reduce"] == "peer"
+    with pytest.raises(SystemExit):
+        server_parser().parse_args(["--all-reduce", "ring"])

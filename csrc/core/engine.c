@@ -55,6 +55,10 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
                                "dependent_launches must be %d (default) or %d (off), got %d",
                                GLMRT_DEPENDENT_LAUNCHES_DEFAULT, GLMRT_DEPENDENT_LAUNCHES_OFF, o->dependent_launches);
     }
+    if (o->all_reduce != GLMRT_ALL_REDUCE_NCCL && o->all_reduce != GLMRT_ALL_REDUCE_PEER) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "all_reduce must be %d (nccl) or %d (peer), got %d",
+                               GLMRT_ALL_REDUCE_NCCL, GLMRT_ALL_REDUCE_PEER, o->all_reduce);
+    }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");
     }

@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 9
+#define GLMRT_ABI_VERSION 10
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -57,6 +57,11 @@ enum glmrt_decode_graphs {
 enum glmrt_dependent_launches {
     GLMRT_DEPENDENT_LAUNCHES_DEFAULT = 0,
     GLMRT_DEPENDENT_LAUNCHES_OFF = 1
+};
+
+enum glmrt_all_reduce {
+    GLMRT_ALL_REDUCE_NCCL = 0,
+    GLMRT_ALL_REDUCE_PEER = 1
 };
 
 enum glmrt_finish_reason {
@@ -113,6 +118,7 @@ typedef struct glmrt_engine_options {
     int32_t matmul_precision;
     int32_t decode_graphs;
     int32_t dependent_launches;
+    int32_t all_reduce;
 } glmrt_engine_options;
 
 typedef struct glmrt_rank_info {

@@ -7,7 +7,7 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 9
+GLMRT_ABI_VERSION = 10
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
@@ -18,6 +18,8 @@ DECODE_GRAPHS_DEFAULT = 0
 DECODE_GRAPHS_OFF = 1
 DEPENDENT_LAUNCHES_DEFAULT = 0
 DEPENDENT_LAUNCHES_OFF = 1
+ALL_REDUCE_NCCL = 0
+ALL_REDUCE_PEER = 1
 
 QUANT_NONE = 0
 QUANT_FP8_CHANNEL = 1
@@ -83,6 +85,7 @@ class EngineOptionsStruct(ctypes.Structure):
         ("matmul_precision", ctypes.c_int32),
         ("decode_graphs", ctypes.c_int32),
         ("dependent_launches", ctypes.c_int32),
+        ("all_reduce", ctypes.c_int32),
     ]
 
 

@@ -76,6 +76,10 @@ def add_engine_options(parser):
     group.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                        help="let each CUDA kernel start while the one before it finishes (programmatic dependent "
                             "launch; on by default)")
+    group.add_argument("--all-reduce", choices=("nccl", "peer"), default="nccl",
+                       help="how the GPUs of a split model sum their partial hidden states: nccl, or peer (a one-shot "
+                            "sum in which each GPU reads the others' partials over NVLink for steps of up to 128 "
+                            "tokens, NCCL for longer ones)")
     return group
 
 
@@ -153,7 +157,7 @@ def engine_kwargs(args):
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
                   num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
                   matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
-                  dependent_launches=args.dependent_launches)
+                  dependent_launches=args.dependent_launches, all_reduce=args.all_reduce)
     if args.kv_pages is not None:
         kwargs["kv_num_pages"] = args.kv_pages
     elif args.backend == "cuda":

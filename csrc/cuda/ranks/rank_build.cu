@@ -19,6 +19,7 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
         cudaStreamSynchronize(st->stream);
     }
     glmrt_cuda_decode_graphs_release(st);
+    glmrt_cuda_peer_reduce_release(&st->peer);
     cudaFree(st->weight_memory);
     cudaFree(st->workspace_memory);
     cudaFree(st->kv_memory);

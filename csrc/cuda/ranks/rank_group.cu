@@ -8,6 +8,13 @@
 
 #define GLMRT_RANK_PENDING (-1000)
 
+static void glmrt_group_release_peer_waits(glmrt_cuda_group *group)
+{
+    if (group->peer_abort != nullptr) {
+        __atomic_store_n(group->peer_abort, 1, __ATOMIC_RELEASE);
+    }
+}
+
 static glmrt_status glmrt_rank_run(glmrt_cuda_group *group, int32_t rank, const glmrt_rank_work *work)
 {
     glmrt_cuda_state *st = group->ranks[rank];
@@ -24,6 +31,7 @@ static glmrt_status glmrt_rank_run(glmrt_cuda_group *group, int32_t rank, const 
         int32_t nobody = -1;
         __atomic_compare_exchange_n(&group->failing_rank, &nobody, rank, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
         __atomic_store_n(&group->step_abandoned, 1, __ATOMIC_RELEASE);
+        glmrt_group_release_peer_waits(group);
     }
     return status;
 }
@@ -71,6 +79,7 @@ static void glmrt_group_abort_comms(glmrt_cuda_group *group)
         return;
     }
     group->comms_aborted = 1;
+    glmrt_group_release_peer_waits(group);
     glmrt_group_release_graphs(group);
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         if (group->comms[r] != nullptr) {
@@ -279,6 +288,36 @@ static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
     return status;
 }
 
+static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int32_t *devices)
+{
+    glmrt_error *error = &group->engine->error;
+    GLMRT_CUDA_TRY(error, cudaSetDevice(devices[0]));
+    GLMRT_CUDA_TRY(error, cudaHostAlloc((void **)&group->peer_abort, sizeof(int32_t),
+                                        cudaHostAllocMapped | cudaHostAllocPortable));
+    *group->peer_abort = 0;
+    int32_t *device_abort = nullptr;
+    GLMRT_CUDA_TRY(error, cudaHostGetDevicePointer((void **)&device_abort, group->peer_abort, 0));
+    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
+    int64_t rows = d->max_tokens < GLMRT_PEER_REDUCE_MAX_ROWS ? d->max_tokens : GLMRT_PEER_REDUCE_MAX_ROWS;
+    glmrt_cuda_peer_reduce *peers[GLMRT_MAX_DEVICES];
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        peers[r] = &group->ranks[r]->peer;
+    }
+    glmrt_cuda_peer_group peer_group;
+    peer_group.num_ranks = group->num_ranks;
+    peer_group.devices = devices;
+    peer_group.ranks = peers;
+    peer_group.capacity = (rows * d->hidden + 3) / 4 * 4;
+    peer_group.abort_flag = device_abort;
+    peer_group.host_abort_flag = group->peer_abort;
+    cudaStream_t streams[GLMRT_MAX_DEVICES];
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        streams[r] = group->ranks[r]->stream;
+    }
+    peer_group.streams = streams;
+    return glmrt_cuda_peer_reduce_connect(&peer_group, error);
+}
+
 static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
 {
     if (group->num_ranks == 1) {
@@ -297,7 +336,11 @@ static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         group->ranks[r]->comm = group->comms[r];
     }
-    return glmrt_group_warm_up(group);
+    GLMRT_TRY(glmrt_group_warm_up(group));
+    if (group->engine->options.all_reduce == GLMRT_ALL_REDUCE_PEER) {
+        return glmrt_group_connect_peers(group, devices);
+    }
+    return GLMRT_OK;
 }
 
 static glmrt_status glmrt_group_capture_decode_graphs(glmrt_cuda_group *group)
@@ -405,6 +448,7 @@ void glmrt_cuda_group_destroy(glmrt_cuda_group *group)
     if (group == nullptr) {
         return;
     }
+    glmrt_group_release_peer_waits(group);
     glmrt_group_stop_threads(group);
     glmrt_group_settle_streams(group);
     glmrt_group_release_graphs(group);
@@ -428,6 +472,9 @@ void glmrt_cuda_group_destroy(glmrt_cuda_group *group)
     }
     if (group->host_step_inputs != nullptr) {
         cudaFreeHost(group->host_step_inputs);
+    }
+    if (group->peer_abort != nullptr) {
+        cudaFreeHost(group->peer_abort);
     }
     free(group);
 }

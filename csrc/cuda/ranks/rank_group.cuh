@@ -37,6 +37,7 @@ struct glmrt_cuda_group {
     ncclComm_t comms[GLMRT_MAX_DEVICES];
     int32_t comms_live;
     int32_t comms_aborted;
+    int32_t *peer_abort;
     uint8_t *host_step_inputs;
     pthread_t threads[GLMRT_MAX_DEVICES];
     glmrt_rank_slot slots[GLMRT_MAX_DEVICES];

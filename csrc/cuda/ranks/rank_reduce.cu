@@ -1,10 +1,13 @@
 #include "rank_reduce.cuh"
 
-glmrt_status glmrt_cuda_reduce_hidden(ncclComm_t comm, float *hidden, int64_t count, cudaStream_t stream,
-                                      glmrt_error *error)
+glmrt_status glmrt_cuda_reduce_hidden(ncclComm_t comm, const glmrt_cuda_peer_reduce *peer, float *hidden,
+                                      int64_t count, cudaStream_t stream, glmrt_error *error)
 {
     if (comm == nullptr || count <= 0) {
         return GLMRT_OK;
+    }
+    if (glmrt_cuda_peer_reduce_fits(peer, count)) {
+        return glmrt_cuda_peer_reduce_run(peer, hidden, count, stream, error);
     }
     ncclResult_t result = ncclAllReduce(hidden, hidden, (size_t)count, ncclFloat, ncclSum, comm, stream);
     if (result != ncclSuccess) {

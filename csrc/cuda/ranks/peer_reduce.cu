@@ -1,0 +1,367 @@
+#include <string.h>
+#include <time.h>
+
+#include "cuda_check.cuh"
+#include "peer_reduce.cuh"
+
+#define GLMRT_PEER_ABORT_POLL 1024u
+#define GLMRT_PEER_CHECK_FLOATS (8 * GLMRT_PEER_REDUCE_BLOCKS)
+#define GLMRT_PEER_CHECK_SECONDS 20
+
+typedef struct glmrt_peer_reduce_args {
+    float4 *x;
+    int64_t count4;
+    int64_t capacity;
+    float *own_staging;
+    unsigned long long *own_signals;
+    unsigned long long *epochs;
+    const float *peer_staging[GLMRT_MAX_DEVICES];
+    unsigned long long *peer_signals[GLMRT_MAX_DEVICES];
+    const volatile int32_t *abort_flag;
+    int32_t rank;
+    int32_t num_ranks;
+} glmrt_peer_reduce_args;
+
+static __device__ __forceinline__ void glmrt_store_release_system(unsigned long long *slot, unsigned long long value)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(slot), "l"(value) : "memory");
+}
+
+static __device__ __forceinline__ unsigned long long glmrt_load_acquire_system(const unsigned long long *slot)
+{
+    unsigned long long value;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(slot) : "memory");
+    return value;
+}
+
+static __device__ int glmrt_peer_wait_all(const glmrt_peer_reduce_args &a, int32_t block, unsigned long long epoch)
+{
+    for (int32_t p = 0; p < a.num_ranks; ++p) {
+        if (p == a.rank) {
+            continue;
+        }
+        const unsigned long long *slot = a.own_signals + (int64_t)p * GLMRT_PEER_REDUCE_BLOCKS + block;
+        uint32_t spins = 0;
+        while (glmrt_load_acquire_system(slot) < epoch) {
+            spins += 1;
+            if (spins % GLMRT_PEER_ABORT_POLL == 0 && *a.abort_flag != 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static __device__ __forceinline__ void glmrt_float4_add(float4 &sum, const float4 &v)
+{
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_all_reduce_kernel(glmrt_peer_reduce_args a)
+{
+    __shared__ unsigned long long shared_epoch;
+    __shared__ int shared_aborted;
+    const int32_t block = (int32_t)blockIdx.x;
+    if (threadIdx.x == 0) {
+        shared_epoch = a.epochs[block] + 1ull;
+        a.epochs[block] = shared_epoch;
+    }
+    __syncthreads();
+    const unsigned long long epoch = shared_epoch;
+    const int64_t half = (int64_t)(epoch & 1ull) * a.capacity;
+    const int64_t per_block = (a.count4 + gridDim.x - 1) / gridDim.x;
+    const int64_t begin = (int64_t)block * per_block;
+    const int64_t end = begin + per_block < a.count4 ? begin + per_block : a.count4;
+    float4 *own = reinterpret_cast<float4 *>(a.own_staging + half);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        own[i] = a.x[i];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int32_t p = 0; p < a.num_ranks; ++p) {
+            if (p != a.rank) {
+                glmrt_store_release_system(a.peer_signals[p] + (int64_t)a.rank * GLMRT_PEER_REDUCE_BLOCKS + block,
+                                           epoch);
+            }
+        }
+        shared_aborted = glmrt_peer_wait_all(a, block, epoch);
+    }
+    __syncthreads();
+    if (shared_aborted) {
+        return;
+    }
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int32_t p = 0; p < a.num_ranks; ++p) {
+            const float4 value = p == a.rank ? a.x[i]
+                                             : __ldcv(reinterpret_cast<const float4 *>(a.peer_staging[p] + half) + i);
+            if (p == 0) {
+                sum = value;
+            } else {
+                glmrt_float4_add(sum, value);
+            }
+        }
+        a.x[i] = sum;
+    }
+}
+
+static glmrt_status glmrt_peer_enable_access(const glmrt_cuda_peer_group *group, glmrt_error *error)
+{
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
+        for (int32_t p = 0; p < group->num_ranks; ++p) {
+            if (p == r) {
+                continue;
+            }
+            int reachable = 0;
+            GLMRT_CUDA_TRY(error, cudaDeviceCanAccessPeer(&reachable, group->devices[r], group->devices[p]));
+            if (!reachable) {
+                return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                                       "all_reduce peer needs device %d to read device %d directly, which this "
+                                       "machine does not allow; use all_reduce nccl",
+                                       group->devices[r], group->devices[p]);
+            }
+            cudaError_t enabled = cudaDeviceEnablePeerAccess(group->devices[p], 0);
+            if (enabled == cudaErrorPeerAccessAlreadyEnabled) {
+                cudaGetLastError();
+            } else if (enabled != cudaSuccess) {
+                cudaGetLastError();
+                return glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot let device %d read device %d: %s",
+                                       group->devices[r], group->devices[p], cudaGetErrorString(enabled));
+            }
+        }
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_peer_allocate(glmrt_cuda_peer_reduce *peer, int32_t device, int64_t capacity,
+                                        glmrt_error *error)
+{
+    int64_t staging_bytes = 2 * capacity * (int64_t)sizeof(float);
+    int64_t signal_bytes = (int64_t)GLMRT_MAX_DEVICES * GLMRT_PEER_REDUCE_BLOCKS * (int64_t)sizeof(unsigned long long);
+    int64_t epoch_bytes = (int64_t)GLMRT_PEER_REDUCE_BLOCKS * (int64_t)sizeof(unsigned long long);
+    int64_t bytes = staging_bytes + signal_bytes + epoch_bytes;
+    GLMRT_CUDA_TRY(error, cudaSetDevice(device));
+    cudaError_t made = cudaMalloc((void **)&peer->memory, (size_t)bytes);
+    if (made != cudaSuccess) {
+        cudaGetLastError();
+        peer->memory = nullptr;
+        return glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY,
+                               "cannot allocate %lld bytes on device %d for the peer all-reduce: %s", (long long)bytes,
+                               device, cudaGetErrorString(made));
+    }
+    GLMRT_CUDA_TRY(error, cudaMemset(peer->memory + staging_bytes, 0, (size_t)(signal_bytes + epoch_bytes)));
+    GLMRT_CUDA_TRY(error, cudaDeviceSynchronize());
+    peer->bytes = bytes;
+    peer->capacity = capacity;
+    peer->staging = reinterpret_cast<float *>(peer->memory);
+    peer->signals = reinterpret_cast<unsigned long long *>(peer->memory + staging_bytes);
+    peer->epochs = reinterpret_cast<unsigned long long *>(peer->memory + staging_bytes + signal_bytes);
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_peer_check_residency(const glmrt_cuda_peer_group *group, glmrt_error *error)
+{
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        int sms = 0;
+        int per_sm = 0;
+        GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
+        GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, group->devices[r]));
+        GLMRT_CUDA_TRY(error, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, glmrt_peer_all_reduce_kernel,
+                                                                            GLMRT_PEER_REDUCE_THREADS, 0));
+        if ((int64_t)sms * per_sm < GLMRT_PEER_REDUCE_BLOCKS) {
+            return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                                   "device %d runs %d blocks of the peer all-reduce at once, it needs %d; use "
+                                   "all_reduce nccl",
+                                   group->devices[r], sms * per_sm, GLMRT_PEER_REDUCE_BLOCKS);
+        }
+    }
+    return GLMRT_OK;
+}
+
+static int glmrt_peer_streams_done(const glmrt_cuda_peer_group *group, cudaError_t *out_error)
+{
+    int done = 1;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        cudaError_t state = cudaStreamQuery(group->streams[r]);
+        if (state == cudaErrorNotReady) {
+            done = 0;
+        } else if (state != cudaSuccess) {
+            *out_error = state;
+            return 1;
+        }
+    }
+    return done;
+}
+
+static glmrt_status glmrt_peer_await_check(const glmrt_cuda_peer_group *group, glmrt_error *error)
+{
+    struct timespec pause;
+    pause.tv_sec = 0;
+    pause.tv_nsec = 1000 * 1000;
+    cudaError_t failed = cudaSuccess;
+    for (int32_t waited_ms = 0; waited_ms < GLMRT_PEER_CHECK_SECONDS * 1000; ++waited_ms) {
+        if (glmrt_peer_streams_done(group, &failed)) {
+            if (failed != cudaSuccess) {
+                cudaGetLastError();
+                return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the peer all-reduce check failed: %s",
+                                       cudaGetErrorString(failed));
+            }
+            return GLMRT_OK;
+        }
+        nanosleep(&pause, nullptr);
+    }
+    __atomic_store_n(group->host_abort_flag, 1, __ATOMIC_RELEASE);
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        cudaStreamSynchronize(group->streams[r]);
+    }
+    cudaGetLastError();
+    return glmrt_error_set(error, GLMRT_ERR_BACKEND,
+                           "the peer all-reduce check between %d GPUs did not finish within %d s; use all_reduce nccl",
+                           group->num_ranks, GLMRT_PEER_CHECK_SECONDS);
+}
+
+static glmrt_status glmrt_peer_check_values(const glmrt_cuda_peer_group *group, float *const *buffers, int64_t count,
+                                            glmrt_error *error)
+{
+    float values[GLMRT_PEER_CHECK_FLOATS];
+    float expected = 0.5f * (float)group->num_ranks * (float)(group->num_ranks + 1);
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
+        GLMRT_CUDA_TRY(error, cudaMemcpy(values, buffers[r], (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < count; ++i) {
+            if (values[i] != expected) {
+                return glmrt_error_set(error, GLMRT_ERR_BACKEND,
+                                       "the peer all-reduce check gave %g at %lld on device %d, expected %g; use "
+                                       "all_reduce nccl",
+                                       (double)values[i], (long long)i, group->devices[r], (double)expected);
+            }
+        }
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_peer_check_run(const glmrt_cuda_peer_group *group, float *const *buffers, int64_t count,
+                                         glmrt_error *error)
+{
+    float values[GLMRT_PEER_CHECK_FLOATS];
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        for (int64_t i = 0; i < count; ++i) {
+            values[i] = (float)(r + 1);
+        }
+        GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
+        GLMRT_CUDA_TRY(error, cudaMemcpy(buffers[r], values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
+        GLMRT_TRY(glmrt_cuda_peer_reduce_run(group->ranks[r], buffers[r], count, group->streams[r], error));
+    }
+    GLMRT_TRY(glmrt_peer_await_check(group, error));
+    return glmrt_peer_check_values(group, buffers, count, error);
+}
+
+static glmrt_status glmrt_peer_check_sum(const glmrt_cuda_peer_group *group, glmrt_error *error)
+{
+    int64_t count = group->capacity < GLMRT_PEER_CHECK_FLOATS ? group->capacity : GLMRT_PEER_CHECK_FLOATS;
+    float *buffers[GLMRT_MAX_DEVICES];
+    memset(buffers, 0, sizeof(buffers));
+    glmrt_status status = GLMRT_OK;
+    for (int32_t r = 0; r < group->num_ranks && status == GLMRT_OK; ++r) {
+        cudaError_t result = cudaSetDevice(group->devices[r]);
+        if (result == cudaSuccess) {
+            result = cudaMalloc((void **)&buffers[r], (size_t)count * sizeof(float));
+        }
+        if (result != cudaSuccess) {
+            cudaGetLastError();
+            buffers[r] = nullptr;
+            status = glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY,
+                                     "cannot allocate the peer all-reduce check buffer on device %d: %s",
+                                     group->devices[r], cudaGetErrorString(result));
+        }
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_peer_check_run(group, buffers, count, error);
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        if (buffers[r] != nullptr) {
+            cudaSetDevice(group->devices[r]);
+            cudaFree(buffers[r]);
+        }
+    }
+    cudaGetLastError();
+    return status;
+}
+
+glmrt_status glmrt_cuda_peer_reduce_connect(const glmrt_cuda_peer_group *group, glmrt_error *error)
+{
+    if (group->num_ranks < 2 || group->capacity <= 0 || group->capacity % 4 != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "the peer all-reduce needs two GPUs or more and a capacity in fours, got %d GPUs and %lld",
+                               group->num_ranks, (long long)group->capacity);
+    }
+    GLMRT_TRY(glmrt_peer_enable_access(group, error));
+    GLMRT_TRY(glmrt_peer_check_residency(group, error));
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_cuda_peer_reduce *peer = group->ranks[r];
+        peer->rank = r;
+        peer->num_ranks = group->num_ranks;
+        peer->abort_flag = group->abort_flag;
+        GLMRT_TRY(glmrt_peer_allocate(peer, group->devices[r], group->capacity, error));
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        for (int32_t p = 0; p < group->num_ranks; ++p) {
+            group->ranks[r]->peer_staging[p] = group->ranks[p]->staging;
+            group->ranks[r]->peer_signals[p] = group->ranks[p]->signals;
+        }
+    }
+    return glmrt_peer_check_sum(group, error);
+}
+
+void glmrt_cuda_peer_reduce_release(glmrt_cuda_peer_reduce *peer)
+{
+    if (peer->memory != nullptr) {
+        cudaFree(peer->memory);
+        cudaGetLastError();
+    }
+    memset(peer, 0, sizeof(*peer));
+}
+
+int glmrt_cuda_peer_reduce_fits(const glmrt_cuda_peer_reduce *peer, int64_t count)
+{
+    return peer != nullptr && peer->num_ranks > 1 && count > 0 && count <= peer->capacity && count % 4 == 0;
+}
+
+glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
+                                        cudaStream_t stream, glmrt_error *error)
+{
+    if ((uintptr_t)x % sizeof(float4) != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "the peer all-reduce needs 16-byte aligned rows, got %p",
+                               (const void *)x);
+    }
+    glmrt_peer_reduce_args args;
+    memset(&args, 0, sizeof(args));
+    args.x = reinterpret_cast<float4 *>(x);
+    args.count4 = count / 4;
+    args.capacity = peer->capacity;
+    args.own_staging = peer->staging;
+    args.own_signals = peer->signals;
+    args.epochs = peer->epochs;
+    for (int32_t p = 0; p < peer->num_ranks; ++p) {
+        args.peer_staging[p] = peer->peer_staging[p];
+        args.peer_signals[p] = peer->peer_signals[p];
+    }
+    args.abort_flag = peer->abort_flag;
+    args.rank = peer->rank;
+    args.num_ranks = peer->num_ranks;
+    glmrt_peer_all_reduce_kernel<<<GLMRT_PEER_REDUCE_BLOCKS, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
+    cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the peer all-reduce of %lld floats failed to launch: %s",
+                               (long long)count, cudaGetErrorString(launched));
+    }
+    return GLMRT_OK;
+}
