@@ -94,8 +94,8 @@ class ServerProcess:
             overrides["--model"] = str(model_dir)
         overrides.update({"--" + name.replace("_", "-"): value for name, value in options.items()})
         self.command = [sys.executable, str(REPO_ROOT / "server.py")] + merged_options(overrides)
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-                        **(env or {}))
+        python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        self.env = dict(os.environ, PYTHONPATH=python_path, **(env or {}))
         self.process = None
         self.port = None
 

@@ -170,3 +170,21 @@ def test_split_errors_are_reported_before_any_gpu_work():
 def test_server_over_two_gpus_streams_the_offline_engine_tokens(tmp_path):
     stdout = check_server_streams_offline_engine_tokens(tmp_path, num_devices=2)
     assert "over 2 device(s)" in stdout
+
+
+@pytest.mark.parametrize("all_reduce", ("nccl", "peer"))
+def test_server_over_two_gpus_survives_the_soak_and_exits_cleanly(tmp_path, all_reduce):
+    from server_harness import ServerProcess, build_server_test_model
+    from test_server_loadgen import assert_clean_run, run_loadgen
+
+    model_dir = build_server_test_model(tmp_path / "model")
+    with ServerProcess(tmp_path / "logs", model_dir, backend="cuda", num_devices=2, all_reduce=all_reduce,
+                       max_batch=64, max_tokens_per_step=256, kv_pages=2304) as server:
+        result, summary = run_loadgen(server.ws_url, "responses-ws", tmp_path / "soak.json", concurrency=64,
+                                      duration=30, prompt_len=256, gen_len=256, cancel=0.1, disconnect=0.1,
+                                      timeout=150)
+        samples = server.wait_idle(15)
+        assert_clean_run(server, summary, samples)
+        assert summary["completed"] >= 32
+    assert server.process.returncode == 0
+    print(f"\nall_reduce {all_reduce} over 2 GPUs:\n{result.stdout}")
