@@ -35,6 +35,9 @@ def parse_args(argv):
     start.add_argument("--ready-timeout", type=float, default=1200.0)
     start.add_argument("--server-arg", action="append", default=[],
                        help="one more server argument (repeatable), such as --server-arg=--no-decode-graphs")
+    start.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True,
+                       help="measure GPU 0's copy bandwidth before the server starts, for the roofline column "
+                            "(CUDA backend; on by default)")
     load = commands.add_parser("load", help="run the load generator against the started server")
     load.add_argument("--state", required=True)
     load.add_argument("--api", default="responses-ws", help="responses-ws or chat-sse")
@@ -45,7 +48,36 @@ def parse_args(argv):
     load.add_argument("--seed", type=int, default=0)
     stop = commands.add_parser("stop", help="stop the server and print the end of its log")
     stop.add_argument("--state", required=True)
+    commands.add_parser("bandwidth", help="print GPU 0's copy bandwidth in bytes/s (what start runs first)")
     return parser.parse_args(argv)
+
+
+def bandwidth(args):
+    import torch
+
+    from bench.gpu_bench import copy_bandwidth
+
+    print(json.dumps({"bytes_per_s": copy_bandwidth(torch)}))
+    return 0
+
+
+def measure_bandwidth():
+    finished = subprocess.run([sys.executable, str(Path(__file__).resolve()), "bandwidth"], cwd=REPO_ROOT,
+                              capture_output=True, text=True)
+    if finished.returncode != 0:
+        raise RuntimeError(f"measuring the copy bandwidth failed:\n{finished.stderr[-2000:]}")
+    return json.loads(finished.stdout.strip().splitlines()[-1])["bytes_per_s"]
+
+
+def decode_roofline(model_dir, num_devices, bytes_per_s, mean_batch, context, device_ms):
+    from bench.gpu_bench import decode_step_bytes
+
+    if not bytes_per_s or not mean_batch or not device_ms:
+        return None
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    weights, kv_read = decode_step_bytes(config, mean_batch, context)
+    floor_ms = 1e3 * (weights + kv_read) / (num_devices * bytes_per_s)
+    return floor_ms / device_ms
 
 
 def write_glm_model(work, layers):
@@ -71,6 +103,7 @@ def start(args):
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model_dir = Path(args.model).resolve() if args.model else write_glm_model(work, args.layers)
+    bytes_per_s = measure_bandwidth() if args.bandwidth and args.backend == "cuda" else None
     log_path = work / "server.log"
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     started = time.monotonic()
@@ -85,10 +118,12 @@ def start(args):
     ready_seconds = time.monotonic() - started
     state = {"pid": process.pid, "port": port, "model_dir": str(model_dir), "log": str(log_path),
              "num_devices": args.num_devices, "max_batch": args.max_batch, "ready_seconds": ready_seconds,
-             "runs": []}
+             "bandwidth_bytes_per_s": bytes_per_s, "runs": []}
     Path(args.state).write_text(json.dumps(state, indent=2))
     print(f"server ready in {ready_seconds:.1f} s on port {port} (pid {process.pid}, {args.num_devices} device(s), "
           f"model {model_dir})")
+    if bytes_per_s:
+        print(f"copy bandwidth of GPU 0 before the server started: {bytes_per_s / 1e12:.2f} TB/s")
     print(log_path.read_text(errors="replace")[-4000:])
     return 0
 
@@ -136,6 +171,9 @@ def load(args):
     client = run_loadgen(state, args, json_path)
     seconds = time.monotonic() - started
     server = server_summary(before, server_counters(state["port"]), seconds)
+    server["decode_roofline"] = decode_roofline(state["model_dir"], state["num_devices"],
+                                                state.get("bandwidth_bytes_per_s"), server["mean_batch"],
+                                                args.prompt_len + args.gen_len / 2, server["mean_device_ms"])
     run = {"api": args.api, "concurrency": args.concurrency, "duration": args.duration,
            "prompt_len": args.prompt_len, "gen_len": args.gen_len, "client": client, "server": server}
     state["runs"].append(run)
@@ -143,15 +181,19 @@ def load(args):
     print(f"{state['num_devices']} device(s), {args.api}, concurrency {args.concurrency}, prompts of "
           f"{args.prompt_len}, {args.gen_len} generated, {args.duration:g} s")
     print("| output tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | completed | errors | steps/s | mean batch | "
-          "step ms | device ms a step | host gap ms | device busy | preemptions |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "step ms | device ms a step | host gap ms | device busy | preemptions | roofline |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {number_text(client['output_tokens_per_s'])} | {client['ttft_ms_p50']} / {client['ttft_ms_p99']} | "
           f"{client['itl_ms_p50']} / {client['itl_ms_p99']} | {client['completed']} | {client['errors'] or 'none'} | "
           f"{number_text(server['steps_per_s'])} | {number_text(server['mean_batch'])} | "
           f"{number_text(server['mean_step_ms'], 2)} | {number_text(server['mean_device_ms'], 2)} | "
           f"{number_text(server['mean_gap_ms'], 3)} | "
           f"{'n/a' if server['device_busy'] is None else format(server['device_busy'], '.1%')} | "
-          f"{server['preemptions']} |")
+          f"{server['preemptions']} | "
+          f"{'n/a' if server['decode_roofline'] is None else format(server['decode_roofline'], '.1%')} |")
+    print("roofline: the bytes of a decode step at the mean batch and the mean context (prompt plus half the "
+          "generated tokens) over the GPUs' copy bandwidth, against the mean device time a step (steps that also "
+          "prefill count too, so it is a lower bound)")
     return 0
 
 
@@ -189,7 +231,7 @@ def stop(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    return {"start": start, "load": load, "stop": stop}[args.command](args)
+    return {"start": start, "load": load, "stop": stop, "bandwidth": bandwidth}[args.command](args)
 
 
 if __name__ == "__main__":

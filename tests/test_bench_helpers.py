@@ -1,4 +1,7 @@
-from bench.gpu_bench import fill_contexts
+import pytest
+
+from bench.gpu_bench import decode_step_bytes, fill_contexts, write_model_dir
+from bench.serve_glm import decode_roofline
 from engine_support import build_test_model, open_engine
 from glmrt.engine.engine import SamplingParams
 
@@ -13,3 +16,14 @@ def test_gpu_bench_prefill_counts_every_prompt_token_across_chunked_steps():
         assert seconds > 0
         assert [r.info().num_computed_tokens for r in requests] == lengths
         assert all(r.info().num_generated_tokens == 1 for r in requests)
+
+
+def test_serve_glm_roofline_is_the_step_bytes_over_every_gpu_against_the_device_time(tmp_path):
+    model_dir, config = write_model_dir(92, parent=tmp_path)
+    weights, kv_read = decode_step_bytes(config, 250.0, 1536)
+    floor_ms = 1e3 * (weights + kv_read) / (4 * 4.3e12)
+    assert decode_roofline(model_dir, 4, 4.3e12, 250.0, 1536, 87.55) == pytest.approx(floor_ms / 87.55)
+    assert decode_roofline(model_dir, 4, 4.3e12, 250.0, 1536, 87.55) == pytest.approx(0.331, abs=0.001)
+    assert decode_roofline(model_dir, 1, 4.3e12, 250.0, 1536, 87.55) == pytest.approx(4 * floor_ms / 87.55)
+    assert decode_roofline(model_dir, 4, None, 250.0, 1536, 87.55) is None
+    assert decode_roofline(model_dir, 4, 4.3e12, None, 1536, None) is None
