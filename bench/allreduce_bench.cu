@@ -1,0 +1,356 @@
+#include <cuda_runtime.h>
+#include <math.h>
+#include <nccl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "peer_reduce.cuh"
+
+#define GLMRT_BENCH_MAX_ROWS 256
+#define GLMRT_BENCH_HIDDEN 5120
+#define GLMRT_BENCH_CALLS 64
+#define GLMRT_BENCH_REPLAYS 20
+
+enum glmrt_bench_method { GLMRT_BENCH_NCCL = 0, GLMRT_BENCH_PEER = 1 };
+
+typedef struct glmrt_bench_gpus {
+    int32_t count;
+    int32_t devices[GLMRT_MAX_DEVICES];
+    cudaStream_t streams[GLMRT_MAX_DEVICES];
+    ncclComm_t comms[GLMRT_MAX_DEVICES];
+    float *buffers[GLMRT_MAX_DEVICES];
+    float *results[GLMRT_MAX_DEVICES];
+    glmrt_cuda_peer_reduce peers[GLMRT_MAX_DEVICES];
+    int32_t *abort_flag;
+    int32_t comms_live;
+} glmrt_bench_gpus;
+
+static int glmrt_bench_cuda(cudaError_t result, const char *what)
+{
+    if (result != cudaSuccess) {
+        fprintf(stderr, "allreduce_bench: %s: %s\n", what, cudaGetErrorString(result));
+        return 1;
+    }
+    return 0;
+}
+
+static int glmrt_bench_nccl(ncclResult_t result, const char *what)
+{
+    if (result != ncclSuccess) {
+        fprintf(stderr, "allreduce_bench: %s: %s\n", what, ncclGetErrorString(result));
+        return 1;
+    }
+    return 0;
+}
+
+static double glmrt_bench_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+__global__ void glmrt_bench_fill(float *data, int64_t count, uint32_t seed)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2246822519u ^ seed;
+        h ^= h >> 16;
+        h *= 2654435761u;
+        h ^= h >> 13;
+        data[i] = 2.0f * ((float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f);
+    }
+}
+
+static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
+{
+    int64_t floats = (int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN;
+    gpus->count = count;
+    for (int32_t r = 0; r < count; ++r) {
+        gpus->devices[r] = r;
+        if (glmrt_bench_cuda(cudaSetDevice(r), "cudaSetDevice") ||
+            glmrt_bench_cuda(cudaStreamCreateWithFlags(&gpus->streams[r], cudaStreamNonBlocking), "stream") ||
+            glmrt_bench_cuda(cudaMalloc((void **)&gpus->buffers[r], (size_t)floats * sizeof(float)), "buffer") ||
+            glmrt_bench_cuda(cudaMalloc((void **)&gpus->results[r], (size_t)floats * sizeof(float)), "result") ||
+            glmrt_bench_cuda(cudaMemset(gpus->buffers[r], 0, (size_t)floats * sizeof(float)), "memset")) {
+            return 1;
+        }
+    }
+    if (glmrt_bench_nccl(ncclCommInitAll(gpus->comms, count, gpus->devices), "ncclCommInitAll")) {
+        return 1;
+    }
+    gpus->comms_live = 1;
+    if (glmrt_bench_cuda(cudaSetDevice(0), "cudaSetDevice") ||
+        glmrt_bench_cuda(cudaHostAlloc((void **)&gpus->abort_flag, sizeof(int32_t),
+                                       cudaHostAllocMapped | cudaHostAllocPortable), "abort flag")) {
+        return 1;
+    }
+    *gpus->abort_flag = 0;
+    int32_t *device_abort = nullptr;
+    if (glmrt_bench_cuda(cudaHostGetDevicePointer((void **)&device_abort, gpus->abort_flag, 0), "abort flag")) {
+        return 1;
+    }
+    glmrt_cuda_peer_reduce *ranks[GLMRT_MAX_DEVICES];
+    for (int32_t r = 0; r < count; ++r) {
+        ranks[r] = &gpus->peers[r];
+    }
+    glmrt_cuda_peer_group group;
+    group.num_ranks = count;
+    group.devices = gpus->devices;
+    group.ranks = ranks;
+    group.capacity = floats;
+    group.abort_flag = device_abort;
+    group.host_abort_flag = gpus->abort_flag;
+    group.streams = gpus->streams;
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    if (glmrt_cuda_peer_reduce_connect(&group, &error) != GLMRT_OK) {
+        fprintf(stderr, "allreduce_bench: %s\n", error.message);
+        return 1;
+    }
+    return 0;
+}
+
+static void glmrt_bench_close(glmrt_bench_gpus *gpus)
+{
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        cudaSetDevice(gpus->devices[r]);
+        if (gpus->streams[r] != nullptr) {
+            cudaStreamSynchronize(gpus->streams[r]);
+        }
+    }
+    if (gpus->comms_live) {
+        for (int32_t r = 0; r < gpus->count; ++r) {
+            ncclCommDestroy(gpus->comms[r]);
+        }
+    }
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        cudaSetDevice(gpus->devices[r]);
+        glmrt_cuda_peer_reduce_release(&gpus->peers[r]);
+        cudaFree(gpus->buffers[r]);
+        cudaFree(gpus->results[r]);
+        if (gpus->streams[r] != nullptr) {
+            cudaStreamDestroy(gpus->streams[r]);
+        }
+    }
+    if (gpus->abort_flag != nullptr) {
+        cudaFreeHost(gpus->abort_flag);
+    }
+}
+
+static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *const *buffers, int64_t count)
+{
+    if (method == GLMRT_BENCH_NCCL) {
+        ncclResult_t result = ncclGroupStart();
+        for (int32_t r = 0; r < gpus->count && result == ncclSuccess; ++r) {
+            result = ncclAllReduce(buffers[r], buffers[r], (size_t)count, ncclFloat, ncclSum, gpus->comms[r],
+                                   gpus->streams[r]);
+        }
+        ncclResult_t ended = ncclGroupEnd();
+        return glmrt_bench_nccl(result != ncclSuccess ? result : ended, "ncclAllReduce");
+    }
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        glmrt_error error;
+        glmrt_error_clear(&error);
+        if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
+            return 1;
+        }
+        if (glmrt_cuda_peer_reduce_run(&gpus->peers[r], buffers[r], count, gpus->streams[r], &error) != GLMRT_OK) {
+            fprintf(stderr, "allreduce_bench: %s\n", error.message);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int glmrt_bench_sync(glmrt_bench_gpus *gpus)
+{
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+            glmrt_bench_cuda(cudaStreamSynchronize(gpus->streams[r]), "cudaStreamSynchronize")) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int glmrt_bench_fill_inputs(glmrt_bench_gpus *gpus, int64_t count, float *const *targets)
+{
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
+            return 1;
+        }
+        glmrt_bench_fill<<<64, 256, 0, gpus->streams[r]>>>(targets[r], count, 977u * (uint32_t)(r + 1));
+        if (glmrt_bench_cuda(cudaGetLastError(), "fill")) {
+            return 1;
+        }
+    }
+    return glmrt_bench_sync(gpus);
+}
+
+static int glmrt_bench_compare(glmrt_bench_gpus *gpus, int64_t count, double *out_max_difference,
+                               int *out_ranks_agree)
+{
+    float *nccl_values = (float *)malloc((size_t)count * sizeof(float));
+    float *peer_values = (float *)malloc((size_t)count * sizeof(float));
+    float *first_peer = (float *)malloc((size_t)count * sizeof(float));
+    int failed = nccl_values == nullptr || peer_values == nullptr || first_peer == nullptr;
+    *out_max_difference = 0.0;
+    *out_ranks_agree = 1;
+    for (int32_t r = 0; r < gpus->count && !failed; ++r) {
+        failed = glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+                 glmrt_bench_cuda(cudaMemcpy(nccl_values, gpus->buffers[r], (size_t)count * sizeof(float),
+                                             cudaMemcpyDeviceToHost), "copy") ||
+                 glmrt_bench_cuda(cudaMemcpy(peer_values, gpus->results[r], (size_t)count * sizeof(float),
+                                             cudaMemcpyDeviceToHost), "copy");
+        for (int64_t i = 0; i < count && !failed; ++i) {
+            double difference = fabs((double)nccl_values[i] - (double)peer_values[i]);
+            *out_max_difference = difference > *out_max_difference ? difference : *out_max_difference;
+            if (r == 0) {
+                first_peer[i] = peer_values[i];
+            } else if (memcmp(&first_peer[i], &peer_values[i], sizeof(float)) != 0) {
+                *out_ranks_agree = 0;
+            }
+        }
+    }
+    free(nccl_values);
+    free(peer_values);
+    free(first_peer);
+    return failed;
+}
+
+static int glmrt_bench_check(glmrt_bench_gpus *gpus)
+{
+    int64_t count = (int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN;
+    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_fill_inputs(gpus, count, gpus->results) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_PEER, gpus->results, count) || glmrt_bench_sync(gpus)) {
+        return 1;
+    }
+    double max_difference = 0.0;
+    int ranks_agree = 0;
+    if (glmrt_bench_compare(gpus, count, &max_difference, &ranks_agree)) {
+        return 1;
+    }
+    printf("check over %d rows: every GPU's peer sum %s, largest difference to NCCL's %.3g\n", GLMRT_BENCH_MAX_ROWS,
+           ranks_agree ? "has the same bits" : "DIFFERS between GPUs", max_difference);
+    return ranks_agree ? 0 : 1;
+}
+
+static int glmrt_bench_capture(glmrt_bench_gpus *gpus, int32_t method, int64_t count, cudaGraphExec_t *execs)
+{
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+            glmrt_bench_cuda(cudaStreamBeginCapture(gpus->streams[r], cudaStreamCaptureModeThreadLocal), "capture")) {
+            return 1;
+        }
+    }
+    int failed = 0;
+    for (int32_t call = 0; call < GLMRT_BENCH_CALLS && !failed; ++call) {
+        failed = glmrt_bench_enqueue(gpus, method, gpus->buffers, count);
+    }
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        cudaGraph_t graph = nullptr;
+        cudaSetDevice(gpus->devices[r]);
+        cudaError_t ended = cudaStreamEndCapture(gpus->streams[r], &graph);
+        if (!failed) {
+            failed = glmrt_bench_cuda(ended, "end capture") ||
+                     glmrt_bench_cuda(cudaGraphInstantiate(&execs[r], graph, 0), "instantiate");
+        }
+        if (graph != nullptr) {
+            cudaGraphDestroy(graph);
+        }
+    }
+    return failed;
+}
+
+static int glmrt_bench_replay(glmrt_bench_gpus *gpus, cudaGraphExec_t *execs, double *out_us)
+{
+    for (int32_t replay = -2; replay < GLMRT_BENCH_REPLAYS; ++replay) {
+        if (replay == 0) {
+            if (glmrt_bench_sync(gpus)) {
+                return 1;
+            }
+            *out_us = glmrt_bench_seconds();
+        }
+        for (int32_t r = 0; r < gpus->count; ++r) {
+            if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+                glmrt_bench_cuda(cudaGraphLaunch(execs[r], gpus->streams[r]), "graph launch")) {
+                return 1;
+            }
+        }
+    }
+    if (glmrt_bench_sync(gpus)) {
+        return 1;
+    }
+    *out_us = 1e6 * (glmrt_bench_seconds() - *out_us) / ((double)GLMRT_BENCH_REPLAYS * GLMRT_BENCH_CALLS);
+    return 0;
+}
+
+static int glmrt_bench_time(glmrt_bench_gpus *gpus, int32_t method, int64_t count, double *out_us)
+{
+    cudaGraphExec_t execs[GLMRT_MAX_DEVICES];
+    memset(execs, 0, sizeof(execs));
+    int failed = glmrt_bench_capture(gpus, method, count, execs);
+    if (!failed) {
+        failed = glmrt_bench_replay(gpus, execs, out_us);
+    }
+    glmrt_bench_sync(gpus);
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (execs[r] != nullptr) {
+            cudaSetDevice(gpus->devices[r]);
+            cudaGraphExecDestroy(execs[r]);
+        }
+    }
+    return failed;
+}
+
+static int glmrt_bench_table(glmrt_bench_gpus *gpus)
+{
+    static const int32_t rows_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+    printf("%d GPUs, hidden %d, fp32 in place, %d all-reduces a CUDA graph, %d replays\n", gpus->count,
+           GLMRT_BENCH_HIDDEN, GLMRT_BENCH_CALLS, GLMRT_BENCH_REPLAYS);
+    printf("| rows | KB a GPU | NCCL us | peer us | NCCL / peer |\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
+        int64_t count = (int64_t)rows_list[i] * GLMRT_BENCH_HIDDEN;
+        double nccl_us = 0.0;
+        double peer_us = 0.0;
+        if (glmrt_bench_time(gpus, GLMRT_BENCH_NCCL, count, &nccl_us) ||
+            glmrt_bench_time(gpus, GLMRT_BENCH_PEER, count, &peer_us)) {
+            return 1;
+        }
+        printf("| %d | %.0f | %.2f | %.2f | %.2fx |\n", rows_list[i], (double)count * 4.0 / 1024.0, nccl_us, peer_us,
+               nccl_us / peer_us);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int visible = 0;
+    if (glmrt_bench_cuda(cudaGetDeviceCount(&visible), "cudaGetDeviceCount")) {
+        return 1;
+    }
+    int32_t count = argc > 1 ? atoi(argv[1]) : visible;
+    if (count > GLMRT_MAX_DEVICES) {
+        count = GLMRT_MAX_DEVICES;
+    }
+    if (count < 2 || count > visible) {
+        fprintf(stderr, "usage: allreduce_bench [GPUS]: needs 2 to %d GPUs, %d visible\n", GLMRT_MAX_DEVICES, visible);
+        return 2;
+    }
+    glmrt_bench_gpus gpus;
+    memset(&gpus, 0, sizeof(gpus));
+    int failed = glmrt_bench_open(&gpus, count);
+    if (!failed) {
+        failed = glmrt_bench_check(&gpus);
+    }
+    if (!failed) {
+        failed = glmrt_bench_table(&gpus);
+    }
+    glmrt_bench_close(&gpus);
+    return failed ? 1 : 0;
+}
