@@ -82,16 +82,6 @@ static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
         return 1;
     }
     gpus->comms_live = 1;
-    if (glmrt_bench_cuda(cudaSetDevice(0), "cudaSetDevice") ||
-        glmrt_bench_cuda(cudaHostAlloc((void **)&gpus->abort_flag, sizeof(int32_t),
-                                       cudaHostAllocMapped | cudaHostAllocPortable), "abort flag")) {
-        return 1;
-    }
-    *gpus->abort_flag = 0;
-    int32_t *device_abort = nullptr;
-    if (glmrt_bench_cuda(cudaHostGetDevicePointer((void **)&device_abort, gpus->abort_flag, 0), "abort flag")) {
-        return 1;
-    }
     glmrt_cuda_peer_reduce *ranks[GLMRT_MAX_DEVICES];
     for (int32_t r = 0; r < count; ++r) {
         ranks[r] = &gpus->peers[r];
@@ -101,12 +91,10 @@ static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
     group.devices = gpus->devices;
     group.ranks = ranks;
     group.capacity = floats;
-    group.abort_flag = device_abort;
-    group.host_abort_flag = gpus->abort_flag;
     group.streams = gpus->streams;
     glmrt_error error;
     glmrt_error_clear(&error);
-    if (glmrt_cuda_peer_reduce_connect(&group, &error) != GLMRT_OK) {
+    if (glmrt_cuda_peer_reduce_open(&group, &gpus->abort_flag, &error) != GLMRT_OK) {
         fprintf(stderr, "allreduce_bench: %s\n", error.message);
         return 1;
     }

@@ -245,37 +245,35 @@ def test_one_device_is_the_default_and_is_reported(model_dir):
         assert engine.info().num_devices == 1
 
 
-@pytest.mark.parametrize("field", ("decode_graphs", "dependent_launches"))
-def test_launch_option_out_of_range_is_refused_with_its_name(model_dir, field):
+def create_with_option(model_dir, field, value):
     library = native.load_library(native.BACKEND_CPU)
     options = native.EngineOptionsStruct()
     library.glmrt_engine_options_default(ctypes.byref(options))
-    assert getattr(options, field) == 0
-    setattr(options, field, 5)
+    default = getattr(options, field)
+    setattr(options, field, value)
     config = native_model_config(load_model_config(model_dir))
     handle = native.engine_p()
     message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)
     status = library.glmrt_engine_create(str(model_dir).encode(), ctypes.byref(config), ctypes.byref(options),
                                          ctypes.byref(handle), message, len(message))
+    return default, status, handle, message.value.decode()
+
+
+@pytest.mark.parametrize("field", ("decode_graphs", "dependent_launches"))
+def test_launch_option_out_of_range_is_refused_with_its_name(model_dir, field):
+    default, status, handle, message = create_with_option(model_dir, field, 5)
+    assert default == 0
     assert status == native.STATUS_INVALID_ARGUMENT
     assert not handle
-    assert message.value.decode() == f"{field} must be 0 (default) or 1 (off), got 5"
+    assert message == f"{field} must be 0 (default) or 1 (off), got 5"
 
 
 def test_all_reduce_out_of_range_is_refused_with_its_choices(model_dir):
-    library = native.load_library(native.BACKEND_CPU)
-    options = native.EngineOptionsStruct()
-    library.glmrt_engine_options_default(ctypes.byref(options))
-    assert options.all_reduce == native.ALL_REDUCE_NCCL
-    options.all_reduce = 7
-    config = native_model_config(load_model_config(model_dir))
-    handle = native.engine_p()
-    message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)
-    status = library.glmrt_engine_create(str(model_dir).encode(), ctypes.byref(config), ctypes.byref(options),
-                                         ctypes.byref(handle), message, len(message))
+    default, status, handle, message = create_with_option(model_dir, "all_reduce", 7)
+    assert default == native.ALL_REDUCE_NCCL
     assert status == native.STATUS_INVALID_ARGUMENT
     assert not handle
-    assert message.value.decode() == "all_reduce must be 0 (nccl) or 1 (peer), got 7"
+    assert message == "all_reduce must be 0 (nccl) or 1 (peer), got 7"
 
 
 def test_all_reduce_names_are_checked_before_the_library_is_asked(model_dir):

@@ -296,7 +296,7 @@ static glmrt_status glmrt_peer_check_sum(const glmrt_cuda_peer_group *group, glm
     return status;
 }
 
-glmrt_status glmrt_cuda_peer_reduce_connect(const glmrt_cuda_peer_group *group, glmrt_error *error)
+static glmrt_status glmrt_peer_connect(const glmrt_cuda_peer_group *group, glmrt_error *error)
 {
     if (group->num_ranks < 2 || group->capacity <= 0 || group->capacity % 4 != 0) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
@@ -319,6 +319,23 @@ glmrt_status glmrt_cuda_peer_reduce_connect(const glmrt_cuda_peer_group *group, 
         }
     }
     return glmrt_peer_check_sum(group, error);
+}
+
+glmrt_status glmrt_cuda_peer_reduce_open(glmrt_cuda_peer_group *group, int32_t **out_host_abort_flag,
+                                         glmrt_error *error)
+{
+    *out_host_abort_flag = nullptr;
+    GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[0]));
+    int32_t *host_flag = nullptr;
+    GLMRT_CUDA_TRY(error, cudaHostAlloc((void **)&host_flag, sizeof(int32_t),
+                                        cudaHostAllocMapped | cudaHostAllocPortable));
+    *out_host_abort_flag = host_flag;
+    *host_flag = 0;
+    int32_t *device_abort = nullptr;
+    GLMRT_CUDA_TRY(error, cudaHostGetDevicePointer((void **)&device_abort, host_flag, 0));
+    group->abort_flag = device_abort;
+    group->host_abort_flag = host_flag;
+    return glmrt_peer_connect(group, error);
 }
 
 void glmrt_cuda_peer_reduce_release(glmrt_cuda_peer_reduce *peer)

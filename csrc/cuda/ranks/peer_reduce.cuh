@@ -37,7 +37,8 @@ typedef struct glmrt_cuda_peer_group {
     const cudaStream_t *streams;
 } glmrt_cuda_peer_group;
 
-glmrt_status glmrt_cuda_peer_reduce_connect(const glmrt_cuda_peer_group *group, glmrt_error *error);
+glmrt_status glmrt_cuda_peer_reduce_open(glmrt_cuda_peer_group *group, int32_t **out_host_abort_flag,
+                                         glmrt_error *error);
 void glmrt_cuda_peer_reduce_release(glmrt_cuda_peer_reduce *peer);
 int glmrt_cuda_peer_reduce_fits(const glmrt_cuda_peer_reduce *peer, int64_t count);
 glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,

@@ -290,32 +290,21 @@ static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
 
 static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int32_t *devices)
 {
-    glmrt_error *error = &group->engine->error;
-    GLMRT_CUDA_TRY(error, cudaSetDevice(devices[0]));
-    GLMRT_CUDA_TRY(error, cudaHostAlloc((void **)&group->peer_abort, sizeof(int32_t),
-                                        cudaHostAllocMapped | cudaHostAllocPortable));
-    *group->peer_abort = 0;
-    int32_t *device_abort = nullptr;
-    GLMRT_CUDA_TRY(error, cudaHostGetDevicePointer((void **)&device_abort, group->peer_abort, 0));
     const glmrt_cuda_dims *d = &group->ranks[0]->dims;
     int64_t rows = d->max_tokens < GLMRT_PEER_REDUCE_MAX_ROWS ? d->max_tokens : GLMRT_PEER_REDUCE_MAX_ROWS;
     glmrt_cuda_peer_reduce *peers[GLMRT_MAX_DEVICES];
+    cudaStream_t streams[GLMRT_MAX_DEVICES];
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         peers[r] = &group->ranks[r]->peer;
+        streams[r] = group->ranks[r]->stream;
     }
     glmrt_cuda_peer_group peer_group;
     peer_group.num_ranks = group->num_ranks;
     peer_group.devices = devices;
     peer_group.ranks = peers;
-    peer_group.capacity = (rows * d->hidden + 3) / 4 * 4;
-    peer_group.abort_flag = device_abort;
-    peer_group.host_abort_flag = group->peer_abort;
-    cudaStream_t streams[GLMRT_MAX_DEVICES];
-    for (int32_t r = 0; r < group->num_ranks; ++r) {
-        streams[r] = group->ranks[r]->stream;
-    }
+    peer_group.capacity = rows * d->hidden;
     peer_group.streams = streams;
-    return glmrt_cuda_peer_reduce_connect(&peer_group, error);
+    return glmrt_cuda_peer_reduce_open(&peer_group, &group->peer_abort, &group->engine->error);
 }
 
 static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
@@ -432,12 +421,20 @@ static glmrt_status glmrt_group_build(glmrt_cuda_group *group)
     return glmrt_group_allocate(group);
 }
 
+static void glmrt_group_settle_stream(glmrt_cuda_state *st)
+{
+    if (st->stream != nullptr) {
+        cudaStreamSynchronize(st->stream);
+        cudaGetLastError();
+    }
+}
+
 static void glmrt_group_settle_streams(glmrt_cuda_group *group)
 {
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         glmrt_cuda_state *st = group->ranks[r];
-        if (st != nullptr && st->stream != nullptr && cudaSetDevice(st->device) == cudaSuccess) {
-            cudaStreamSynchronize(st->stream);
+        if (st != nullptr && cudaSetDevice(st->device) == cudaSuccess) {
+            glmrt_group_settle_stream(st);
         }
         cudaGetLastError();
     }
@@ -495,14 +492,6 @@ glmrt_status glmrt_cuda_group_create(glmrt_engine *engine, glmrt_cuda_group **ou
     }
     *out = group;
     return GLMRT_OK;
-}
-
-static void glmrt_group_settle_stream(glmrt_cuda_state *st)
-{
-    if (st->stream != nullptr) {
-        cudaStreamSynchronize(st->stream);
-        cudaGetLastError();
-    }
 }
 
 static glmrt_status glmrt_group_check_usable(glmrt_cuda_group *group)
