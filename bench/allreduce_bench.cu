@@ -239,16 +239,22 @@ static int glmrt_bench_capture(glmrt_bench_gpus *gpus, int32_t method, int64_t c
     for (int32_t call = 0; call < GLMRT_BENCH_CALLS && !failed; ++call) {
         failed = glmrt_bench_enqueue(gpus, method, gpus->buffers, count);
     }
+    cudaGraph_t graphs[GLMRT_MAX_DEVICES];
+    memset(graphs, 0, sizeof(graphs));
     for (int32_t r = 0; r < gpus->count; ++r) {
-        cudaGraph_t graph = nullptr;
         cudaSetDevice(gpus->devices[r]);
-        cudaError_t ended = cudaStreamEndCapture(gpus->streams[r], &graph);
+        cudaError_t ended = cudaStreamEndCapture(gpus->streams[r], &graphs[r]);
         if (!failed) {
-            failed = glmrt_bench_cuda(ended, "end capture") ||
-                     glmrt_bench_cuda(cudaGraphInstantiate(&execs[r], graph, 0), "instantiate");
+            failed = glmrt_bench_cuda(ended, "end capture");
         }
-        if (graph != nullptr) {
-            cudaGraphDestroy(graph);
+    }
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        cudaSetDevice(gpus->devices[r]);
+        if (!failed) {
+            failed = glmrt_bench_cuda(cudaGraphInstantiate(&execs[r], graphs[r], 0), "instantiate");
+        }
+        if (graphs[r] != nullptr) {
+            cudaGraphDestroy(graphs[r]);
         }
     }
     return failed;

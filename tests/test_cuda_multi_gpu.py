@@ -1,17 +1,17 @@
 import numpy as np
 import pytest
 from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
-from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, TIE_MARGIN, WEIGHT_FORMATS, prefill_bound,
-                               assert_equal_decode_rows, check_batched_requests_equal_solo_requests,
-                               check_greedy_tokens_follow_cpu_until_a_near_tie,
+from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, NATIVE_FP8_MEDIAN_RELATIVE_L2, NEW_TOKENS, TIE_MARGIN,
+                               WEIGHT_FORMATS, assert_equal_decode_rows, check_batched_requests_equal_solo_requests,
                                check_server_streams_offline_engine_tokens, cpu_precision_matching,
-                               cuda_device_count, cuda_ready,
-                               first_divergence_margin, greedy_with_logits, prompts_for, random_glm_dir, relative_l2)
+                               cuda_device_count, cuda_ready, first_divergence_margin, greedy_with_logits,
+                               native_fp8, prefill_bound, prompts_for, random_glm_dir, relative_l2)
 
 from glmrt.engine.engine import Engine
 from glmrt.engine.errors import GlmrtError
 
 SPLIT_RELATIVE_L2 = 1e-3
+SPLIT_NATIVE_RELATIVE_L2 = 0.5
 SPLITS = (2, 4)
 
 pytestmark = [pytest.mark.gpu,
@@ -38,12 +38,12 @@ def first_logits(engine, prompt):
 
 @pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
 @pytest.mark.parametrize("num_devices", splits_available())
-def test_split_prefill_logits_match_one_gpu_and_the_cpu_backend(weight_format, num_devices):
+def test_split_prefill_logits_match_one_gpu_in_high_precision_and_the_cpu_backend(weight_format, num_devices):
     model_dir = wide_model(weight_format)
-    with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as one, \
-            Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as split, \
-            Engine(model_dir, backend="cpu", num_threads=2, matmul_precision=cpu_precision_matching(one),
-                   **ENGINE_OPTIONS) as cpu:
+    with Engine(model_dir, backend="cuda", matmul_precision="high", **ENGINE_OPTIONS) as one, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, matmul_precision="high",
+                   **ENGINE_OPTIONS) as split, \
+            Engine(model_dir, backend="cpu", num_threads=2, matmul_precision="high", **ENGINE_OPTIONS) as cpu:
         assert split.info().num_devices == num_devices
         for prompt in prompts_for(cpu):
             reference, single, spread = (first_logits(engine, prompt) for engine in (cpu, one, split))
@@ -52,16 +52,52 @@ def test_split_prefill_logits_match_one_gpu_and_the_cpu_backend(weight_format, n
                   f"relative L2 {to_one:.3e} to one GPU, {to_cpu:.3e} to the CPU backend")
             assert np.all(np.isfinite(spread))
             assert to_one < SPLIT_RELATIVE_L2
-            assert to_cpu < prefill_bound(weight_format, cpu_precision_matching(one))
+            assert to_cpu < prefill_bound(weight_format, "high")
 
 
 @pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
-def test_split_greedy_tokens_follow_the_cpu_backend_until_a_near_tie(weight_format):
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_split_prefill_logits_in_native_precision_meet_the_one_gpu_bounds_to_the_cpu_backend(weight_format,
+                                                                                            num_devices):
     model_dir = wide_model(weight_format)
-    with Engine(model_dir, backend="cuda", num_devices=2, matmul_precision="high", **ENGINE_OPTIONS) as split, \
-            Engine(model_dir, backend="cpu", num_threads=2, matmul_precision="high", **ENGINE_OPTIONS) as cpu:
-        agreed, total = check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, split)
-    print(f"{weight_format} over 2 GPUs: {agreed} of {total} greedy tokens agree before any near-tie divergence")
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as split, \
+            Engine(model_dir, backend="cpu", num_threads=2, matmul_precision=cpu_precision_matching(split),
+                   **ENGINE_OPTIONS) as cpu:
+        precision = cpu_precision_matching(split)
+        errors = []
+        for prompt in prompts_for(cpu):
+            reference, spread = first_logits(cpu, prompt), first_logits(split, prompt)
+            error = relative_l2(spread, reference)
+            print(f"{weight_format} {precision} over {num_devices} GPUs, prompt of {len(prompt)}: "
+                  f"relative L2 {error:.3e} to the CPU backend")
+            assert np.all(np.isfinite(spread))
+            assert error < prefill_bound(weight_format, precision)
+            errors.append(error)
+        if native_fp8(weight_format, precision):
+            assert float(np.median(errors)) < NATIVE_FP8_MEDIAN_RELATIVE_L2
+
+
+def check_split_greedy_tokens_follow_one_gpu_until_a_near_tie(one, split, prompts, count):
+    agreed, total = 0, 0
+    for prompt in prompts:
+        tokens, rows = greedy_with_logits(one, prompt, count)
+        split_tokens, _ = greedy_with_logits(split, prompt, count)
+        index, margin = first_divergence_margin(tokens, rows, split_tokens)
+        agreed += index
+        total += len(tokens)
+        assert len(split_tokens) == len(tokens)
+        assert margin <= TIE_MARGIN, f"diverged at token {index} where one GPU's margin was {margin}"
+    return agreed, total
+
+
+@pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
+def test_split_greedy_tokens_follow_one_gpu_until_a_near_tie(weight_format):
+    model_dir = wide_model(weight_format)
+    with Engine(model_dir, backend="cuda", matmul_precision="high", **ENGINE_OPTIONS) as one, \
+            Engine(model_dir, backend="cuda", num_devices=2, matmul_precision="high", **ENGINE_OPTIONS) as split:
+        agreed, total = check_split_greedy_tokens_follow_one_gpu_until_a_near_tie(one, split, prompts_for(one),
+                                                                                  NEW_TOKENS)
+    print(f"{weight_format} over 2 GPUs: {agreed} of {total} greedy tokens agree with one GPU before any near-tie")
 
 
 @pytest.mark.parametrize("params", BATCH_PARAMS)
@@ -128,31 +164,36 @@ def test_split_engine_frees_every_page_across_many_requests():
         assert stats.live_requests == 0
 
 
-def test_real_glm47_shape_splits_its_weights_over_two_gpus_and_computes_the_same_model(tmp_path):
-    model_dir = random_glm_dir(tmp_path, 5)
+def glm47_shape_greedy(model_dir, prompts, num_devices, precision):
     settings = dict(random_weights=True, random_seed=3, max_batch=4, max_tokens_per_step=128, kv_page_size=16,
-                    kv_num_pages=64)
+                    kv_num_pages=64, matmul_precision=precision)
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, **settings) as engine:
+        info = engine.info()
+        return info, engine.config, [greedy_with_logits(engine, prompt, 6) for prompt in prompts]
+
+
+@pytest.mark.parametrize("precision", ("high", "default"))
+def test_real_glm47_shape_splits_its_weights_over_two_gpus_and_computes_the_same_model(tmp_path, precision):
+    model_dir = random_glm_dir(tmp_path, 5)
     prompts = [prompt_of_length(n, 150000, n) for n in (1, 70)]
-    with Engine(model_dir, backend="cuda", **settings) as one:
-        whole = one.info().weight_bytes
-        page_bytes = one.info().kv_bytes_per_page
-        expected = [greedy_with_logits(one, prompt, 6) for prompt in prompts]
-    with Engine(model_dir, backend="cuda", num_devices=2, **settings) as split:
-        info = split.info()
-        config = split.config
-        replicated = config.vocab_size * config.hidden_size * 2 + 2 * config.n_routed_experts * config.hidden_size * 4
-        assert info.num_devices == 2
-        assert info.kv_bytes_per_page == page_bytes
-        assert whole < info.weight_bytes < whole + replicated
-        for prompt, (tokens, rows) in zip(prompts, expected):
-            split_tokens, split_rows = greedy_with_logits(split, prompt, 6)
-            error = relative_l2(split_rows[0], rows[0])
-            index, margin = first_divergence_margin(tokens, rows, split_tokens)
-            print(f"GLM-4.7 shape, 5 layers, prompt of {len(prompt)}: relative L2 {error:.3e} to one GPU, "
-                  f"{index} of {len(tokens)} greedy tokens agree before any near-tie")
-            assert np.all(np.isfinite(split_rows[0]))
+    one_info, _, expected = glm47_shape_greedy(model_dir, prompts, 1, precision)
+    info, config, produced = glm47_shape_greedy(model_dir, prompts, 2, precision)
+    replicated = config.vocab_size * config.hidden_size * 2 + 2 * config.n_routed_experts * config.hidden_size * 4
+    assert info.num_devices == 2
+    assert info.kv_bytes_per_page == one_info.kv_bytes_per_page
+    assert one_info.weight_bytes < info.weight_bytes < one_info.weight_bytes + replicated
+    for prompt, (tokens, rows), (split_tokens, split_rows) in zip(prompts, expected, produced):
+        error = relative_l2(split_rows[0], rows[0])
+        index, margin = first_divergence_margin(tokens, rows, split_tokens)
+        print(f"GLM-4.7 shape, 5 layers, {precision} precision, prompt of {len(prompt)}: relative L2 {error:.3e} "
+              f"to one GPU, {index} of {len(tokens)} greedy tokens agree before any near-tie")
+        assert len(split_tokens) == len(tokens)
+        assert np.all(np.isfinite(split_rows[0]))
+        if precision == "high":
             assert error < SPLIT_RELATIVE_L2
             assert margin <= TIE_MARGIN
+        else:
+            assert error < SPLIT_NATIVE_RELATIVE_L2
 
 
 def test_split_errors_are_reported_before_any_gpu_work():
