@@ -113,7 +113,7 @@ compile_cuda_one() {
     local src="$1"
     local obj
     obj=$(cuda_object_of "$src")
-    if [ "$obj" -nt "$src" ] && [ -z "$(find csrc/cuda csrc/core csrc/include -name '*.h*' -newer "$obj" | head -1)" ]; then
+    if [ "$obj" -nt "$src" ] && [ -z "$(find csrc/cuda csrc/core csrc/include \( -name '*.h' -o -name '*.cuh' \) -newer "$obj" | head -1)" ]; then
         return 0
     fi
     "$nvcc_bin" $nv_flags -c "$src" -o "$obj"

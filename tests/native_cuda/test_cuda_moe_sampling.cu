@@ -1,5 +1,9 @@
+#include <algorithm>
+#include <math.h>
+
 #include "cuda_test_support.cuh"
 #include "moe.cuh"
+#include "route_resident.cuh"
 #include "router.cuh"
 #include "sampling.cuh"
 #include "test_matrices.cuh"
@@ -379,6 +383,241 @@ static void glmrt_check_router_logits(glmrt_test_report *report, glmrt_test_rng 
     cudaFree(d_alone);
 }
 
+typedef struct glmrt_resident_case {
+    int32_t format;
+    int32_t experts;
+    int32_t cols;
+    int32_t top_k;
+    int32_t groups;
+    int32_t keep;
+    int32_t tokens;
+} glmrt_resident_case;
+
+static glmrt_cuda_route_args glmrt_resident_route_args(const glmrt_resident_case *rc, const float *logits,
+                                                       const float *bias, int32_t *ids, float *weights)
+{
+    glmrt_cuda_route_args route = {logits, bias, rc->tokens, rc->experts, rc->top_k, rc->groups, rc->keep, 1, 2.5f,
+                                   ids, weights};
+    return route;
+}
+
+static void glmrt_check_route_resident(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_resident_case *rc)
+{
+    const int32_t assignments = rc->tokens * rc->top_k;
+    const int32_t tile_rows = 4;
+    glmrt_host_matrix h = glmrt_make_matrix(rng, rc->format, GLMRT_CUDA_SCALE_NONE, {rc->experts}, rc->cols, 1, 0);
+    uint8_t *d_data = nullptr;
+    float *d_scale = nullptr;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    std::vector<float> x((size_t)rc->tokens * rc->cols);
+    for (float &v : x) v = glmrt_test_normal(rng);
+    std::vector<float> bias(rc->experts);
+    for (float &v : bias) v = glmrt_test_normal(rng) * 0.1f;
+    float *d_x = glmrt_test_upload(x);
+    float *d_bias = glmrt_test_upload(bias);
+    float *d_logits[2] = {glmrt_test_alloc<float>((size_t)rc->tokens * rc->experts),
+                          glmrt_test_alloc<float>((size_t)rc->tokens * rc->experts)};
+    int32_t *d_ids[2] = {glmrt_test_alloc<int32_t>(assignments), glmrt_test_alloc<int32_t>(assignments)};
+    float *d_weights[2] = {glmrt_test_alloc<float>(assignments), glmrt_test_alloc<float>(assignments)};
+    glmrt_dispatch_buffers b[2] = {glmrt_dispatch_alloc(rc->experts, assignments, tile_rows),
+                                   glmrt_dispatch_alloc(rc->experts, assignments, tile_rows)};
+    std::vector<int32_t> zero_arrivals(1, 0);
+    int32_t *d_arrivals = glmrt_test_upload(zero_arrivals);
+    glmrt_cuda_route_args route[2];
+    glmrt_cuda_dispatch_args dispatch[2];
+    for (int i = 0; i < 2; ++i) {
+        route[i] = glmrt_resident_route_args(rc, d_logits[i], d_bias, d_ids[i], d_weights[i]);
+        dispatch[i] = glmrt_dispatch_args_for(&b[i], d_ids[i], rc->tokens, rc->top_k, rc->experts, tile_rows);
+    }
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_router_logits(&h.m, d_x, rc->cols, rc->tokens, d_logits[0], rc->experts, 0, &error);
+    if (status == GLMRT_OK) status = glmrt_cuda_moe_route(&route[0], 0, &error);
+    if (status == GLMRT_OK) status = glmrt_cuda_moe_dispatch(&dispatch[0], 0, &error);
+    glmrt_cuda_route_resident_args resident = {&h.m, d_x, rc->cols, d_logits[1], &route[1], &dispatch[1], d_arrivals};
+    long bad = glmrt_cuda_route_resident_fits(&h.m, rc->tokens) ? 0 : 1;
+    for (int repeat = 0; repeat < 2 && status == GLMRT_OK; ++repeat) {
+        cudaMemset(d_logits[1], 0, (size_t)rc->tokens * rc->experts * sizeof(float));
+        cudaMemset(d_ids[1], 0xff, (size_t)assignments * sizeof(int32_t));
+        status = glmrt_cuda_route_resident(&resident, 0, &error);
+        std::vector<float> ref_logits = glmrt_test_download(d_logits[0], (size_t)rc->tokens * rc->experts);
+        std::vector<float> logits = glmrt_test_download(d_logits[1], (size_t)rc->tokens * rc->experts);
+        std::vector<int32_t> ref_ids = glmrt_test_download(d_ids[0], (size_t)assignments);
+        std::vector<int32_t> ids = glmrt_test_download(d_ids[1], (size_t)assignments);
+        std::vector<float> ref_weights = glmrt_test_download(d_weights[0], (size_t)assignments);
+        std::vector<float> weights = glmrt_test_download(d_weights[1], (size_t)assignments);
+        std::vector<int32_t> arrivals = glmrt_test_download(d_arrivals, 1);
+        bad += memcmp(logits.data(), ref_logits.data(), logits.size() * sizeof(float)) != 0;
+        bad += memcmp(ids.data(), ref_ids.data(), ids.size() * sizeof(int32_t)) != 0;
+        bad += memcmp(weights.data(), ref_weights.data(), weights.size() * sizeof(float)) != 0;
+        bad += glmrt_dispatch_errors(&b[1], ids, rc->tokens, rc->top_k, tile_rows);
+        bad += arrivals[0] != 0;
+    }
+    bad += status != GLMRT_OK;
+    char what[200];
+    snprintf(what, sizeof(what),
+             "router, routing and dispatch in one kernel for %d token(s), format %d, %d experts x %d columns, top %d "
+             "of %d groups keep %d, twice, equal the three kernels bit for bit",
+             rc->tokens, rc->format, rc->experts, rc->cols, rc->top_k, rc->groups, rc->keep);
+    glmrt_test_expect(report, bad == 0, what, (double)bad, 0);
+    for (int i = 0; i < 2; ++i) {
+        cudaFree(d_logits[i]);
+        cudaFree(d_ids[i]);
+        cudaFree(d_weights[i]);
+        glmrt_dispatch_free(&b[i]);
+    }
+    cudaFree(d_arrivals);
+    cudaFree(d_data);
+    cudaFree(d_x);
+    cudaFree(d_bias);
+}
+
+static void glmrt_check_route_resident_refusals(glmrt_test_report *report, glmrt_test_rng *rng)
+{
+    glmrt_host_matrix wide = glmrt_make_matrix(rng, GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, {8}, 5632, 1, 0);
+    glmrt_host_matrix fits = glmrt_make_matrix(rng, GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, {8}, 512, 1, 0);
+    long wrong = 0;
+    wrong += glmrt_cuda_route_resident_fits(&wide.m, 1) != 0;
+    wrong += glmrt_cuda_route_resident_fits(&fits.m, 0) != 0;
+    wrong += glmrt_cuda_route_resident_fits(&fits.m, GLMRT_ROUTE_RESIDENT_TOKENS + 1) != 0;
+    wrong += glmrt_cuda_route_resident_fits(&fits.m, GLMRT_ROUTE_RESIDENT_TOKENS) != 1;
+    glmrt_cuda_route_args route = {nullptr, nullptr, 3, 8, 2, 1, 1, 1, 1.0f, nullptr, nullptr};
+    glmrt_cuda_dispatch_args dispatch = {nullptr, 3, 2, 0, 8, 4, nullptr, nullptr, nullptr, nullptr, nullptr};
+    glmrt_cuda_route_resident_args args = {&fits.m, nullptr, 512, nullptr, &route, &dispatch, nullptr};
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    wrong += glmrt_cuda_route_resident(&args, 0, &error) != GLMRT_ERR_INVARIANT;
+    route.num_tokens = 1;
+    dispatch.num_tokens = 1;
+    glmrt_error_clear(&error);
+    wrong += glmrt_cuda_route_resident(&args, 0, &error) != GLMRT_ERR_INVARIANT;
+    glmrt_test_expect(report, wrong == 0, "resident routing refuses what does not fit with a status", (double)wrong, 0);
+}
+
+static long glmrt_dispatch_subset_errors(const glmrt_dispatch_buffers *expected, const glmrt_dispatch_buffers *actual,
+                                         const std::vector<int32_t> &ids, int32_t assignments, int32_t top_k,
+                                         int32_t begin, int32_t local)
+{
+    std::vector<int32_t> counters[2] = {glmrt_test_download(expected->counters, 2),
+                                        glmrt_test_download(actual->counters, 2)};
+    std::vector<glmrt_cuda_gemm_tile> tiles[2] = {glmrt_test_download(expected->tiles, expected->max_tiles),
+                                                  glmrt_test_download(actual->tiles, actual->max_tiles)};
+    std::vector<int32_t> rows = glmrt_test_download(actual->rows, (size_t)assignments);
+    std::vector<int32_t> sorted = glmrt_test_download(actual->sorted, (size_t)assignments);
+    long bad = counters[0][0] != counters[1][0] || counters[0][1] != counters[1][1];
+    std::vector<int32_t> row_expert((size_t)assignments, -1);
+    for (int32_t i = 0; i < counters[1][0] && i < actual->max_tiles && !bad; ++i) {
+        const glmrt_cuda_gemm_tile &a = tiles[1][i];
+        const glmrt_cuda_gemm_tile &e = tiles[0][i];
+        bad += a.group != e.group || a.row_begin != e.row_begin || a.num_rows != e.num_rows;
+        for (int32_t r = 0; r < a.num_rows && a.row_begin + r < assignments; ++r) {
+            row_expert[a.row_begin + r] = a.group;
+        }
+    }
+    std::vector<int32_t> used((size_t)assignments, 0);
+    for (int32_t a = 0; a < assignments; ++a) {
+        const int32_t expert = ids[a] - begin;
+        const bool mine = expert >= 0 && expert < local;
+        const int32_t row = rows[a];
+        if (!mine) {
+            bad += row != -1;
+            continue;
+        }
+        if (row < 0 || row >= counters[1][1]) {
+            bad += 1;
+            continue;
+        }
+        bad += row_expert[row] != expert || sorted[row] != a / top_k || used[row] != 0;
+        used[row] = 1;
+    }
+    return bad;
+}
+
+static void glmrt_check_dispatch_warp(glmrt_test_report *report, glmrt_test_rng *rng, int32_t tokens, int32_t begin,
+                                      int32_t local, int32_t tile_rows)
+{
+    const int32_t experts = 160;
+    const int32_t top_k = 8;
+    const int32_t assignments = tokens * top_k;
+    std::vector<float> logits((size_t)tokens * experts);
+    for (float &v : logits) v = glmrt_test_normal(rng);
+    float *d_logits = glmrt_test_upload(logits);
+    int32_t *d_ids[2] = {glmrt_test_alloc<int32_t>(assignments), glmrt_test_alloc<int32_t>(assignments)};
+    float *d_weights[2] = {glmrt_test_alloc<float>(assignments), glmrt_test_alloc<float>(assignments)};
+    glmrt_dispatch_buffers b[2] = {glmrt_dispatch_alloc(local, assignments, tile_rows),
+                                   glmrt_dispatch_alloc(local, assignments, tile_rows)};
+    glmrt_cuda_route_args route[2];
+    glmrt_cuda_dispatch_args dispatch[2];
+    for (int i = 0; i < 2; ++i) {
+        route[i] = {d_logits, nullptr, tokens, experts, top_k, 1, 1, 1, 2.5f, d_ids[i], d_weights[i]};
+        dispatch[i] = glmrt_dispatch_args_for(&b[i], d_ids[i], tokens, top_k, local, tile_rows);
+        dispatch[i].expert_begin = begin;
+    }
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_moe_route(&route[0], 0, &error);
+    if (status == GLMRT_OK) status = glmrt_cuda_moe_dispatch(&dispatch[0], 0, &error);
+    if (status == GLMRT_OK) status = glmrt_cuda_moe_route_dispatch(&route[1], &dispatch[1], 0, &error);
+    std::vector<int32_t> ids = glmrt_test_download(d_ids[1], (size_t)assignments);
+    std::vector<int32_t> expected_ids = glmrt_test_download(d_ids[0], (size_t)assignments);
+    long bad = status != GLMRT_OK;
+    bad += memcmp(ids.data(), expected_ids.data(), ids.size() * sizeof(int32_t)) != 0;
+    if (!bad) {
+        bad += glmrt_dispatch_subset_errors(&b[0], &b[1], ids, assignments, top_k, begin, local);
+    }
+    char what[200];
+    snprintf(what, sizeof(what),
+             "dispatch of %d assignments by one warp, experts %d to %d of 160, tiles of %d, equals the block's tiles",
+             assignments, begin, begin + local - 1, tile_rows);
+    glmrt_test_expect(report, bad == 0, what, (double)bad, 0);
+    for (int i = 0; i < 2; ++i) {
+        cudaFree(d_ids[i]);
+        cudaFree(d_weights[i]);
+        glmrt_dispatch_free(&b[i]);
+    }
+    cudaFree(d_logits);
+}
+
+static void glmrt_check_route_ranks_nan_last(glmrt_test_report *report, glmrt_test_rng *rng)
+{
+    const int32_t experts = 160;
+    const int32_t top_k = 8;
+    const int32_t tokens = 3;
+    std::vector<float> logits((size_t)tokens * experts);
+    for (float &v : logits) v = glmrt_test_normal(rng);
+    for (int32_t e = 0; e < experts; e += 3) logits[e] = NAN;
+    for (int32_t e = 0; e < experts; ++e) logits[(size_t)2 * experts + e] = e % 5 == 0 ? 1.0f : NAN;
+    float *d_logits = glmrt_test_upload(logits);
+    int32_t *d_ids = glmrt_test_alloc<int32_t>((size_t)tokens * top_k);
+    float *d_weights = glmrt_test_alloc<float>((size_t)tokens * top_k);
+    glmrt_cuda_route_args route = {d_logits, nullptr, tokens, experts, top_k, 1, 1, 0, 1.0f, d_ids, d_weights};
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = glmrt_cuda_moe_route(&route, 0, &error);
+    std::vector<int32_t> ids = glmrt_test_download(d_ids, (size_t)tokens * top_k);
+    long bad = status != GLMRT_OK;
+    for (int32_t t = 0; t < tokens && !bad; ++t) {
+        const float *row = logits.data() + (size_t)t * experts;
+        std::vector<int32_t> order;
+        for (int32_t e = 0; e < experts; ++e) {
+            if (row[e] == row[e]) order.push_back(e);
+        }
+        std::stable_sort(order.begin(), order.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+        for (int32_t e = 0; e < experts; ++e) {
+            if (row[e] != row[e]) order.push_back(e);
+        }
+        for (int32_t slot = 0; slot < top_k; ++slot) {
+            bad += ids[(size_t)t * top_k + slot] != order[slot];
+        }
+    }
+    glmrt_test_expect(report, bad == 0,
+                      "routing ranks numbers by value then index and NaN scores after every number, by index", (double)bad,
+                      0);
+    cudaFree(d_logits);
+    cudaFree(d_ids);
+    cudaFree(d_weights);
+}
+
 int main(void)
 {
     glmrt_test_report report = {0, 0};
@@ -396,6 +635,21 @@ int main(void)
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 20, 1056, 13);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 301);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 37, 1056, 1100);
+    const glmrt_resident_case resident_cases[] = {
+        {GLMRT_CUDA_FORMAT_BF16, 160, 5120, 8, 1, 1, 1},
+        {GLMRT_CUDA_FORMAT_F32, 160, 5120, 8, 1, 1, 2},
+        {GLMRT_CUDA_FORMAT_F32, 64, 1056, 6, 8, 3, 2},
+        {GLMRT_CUDA_FORMAT_BF16, 20, 132, 2, 1, 1, 1},
+    };
+    for (const glmrt_resident_case &rc : resident_cases) {
+        glmrt_check_route_resident(&report, &rng, &rc);
+    }
+    glmrt_check_route_resident_refusals(&report, &rng);
+    glmrt_check_route_ranks_nan_last(&report, &rng);
+    glmrt_check_dispatch_warp(&report, &rng, 1, 0, 160, 4);
+    glmrt_check_dispatch_warp(&report, &rng, 3, 40, 40, 4);
+    glmrt_check_dispatch_warp(&report, &rng, 4, 0, 160, 1);
+    glmrt_check_dispatch_warp(&report, &rng, 4, 120, 40, 2);
     glmrt_check_sampler(&report, &rng, 2048, 96);
     glmrt_check_sampler(&report, &rng, 151552, 40);
     return glmrt_test_finish("test_cuda_moe_sampling", &report);

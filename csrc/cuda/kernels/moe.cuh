@@ -8,6 +8,8 @@
 #define GLMRT_MOE_MAX_EXPERTS 512
 #define GLMRT_MOE_MAX_TOP_K 32
 #define GLMRT_MOE_MAX_GROUPS 32
+#define GLMRT_MOE_COUNTERS 4
+#define GLMRT_MOE_ARRIVALS_COUNTER 2
 
 typedef struct glmrt_cuda_route_args {
     const float *logits;

@@ -2,9 +2,8 @@
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "router.cuh"
+#include "router_lanes.cuh"
 
-#define GLMRT_ROUTER_LANE_COLS 4
-#define GLMRT_ROUTER_WARP_COLS (32 * GLMRT_ROUTER_LANE_COLS)
 #define GLMRT_ROUTER_WIDE_TOKENS 128
 
 template <int WARPS, int TOKENS, int EXPERTS, int CHUNK>
@@ -20,24 +19,6 @@ struct glmrt_router_tile {
 
 typedef glmrt_router_tile<8, 8, 1, 1024> glmrt_router_narrow;
 typedef glmrt_router_tile<8, 16, 2, 512> glmrt_router_wide;
-
-template <int FORMAT>
-__device__ __forceinline__ float4 glmrt_router_weights(const uint8_t *row, int32_t col)
-{
-    if (FORMAT == GLMRT_CUDA_FORMAT_F32) {
-        return *reinterpret_cast<const float4 *>(row + (int64_t)col * 4);
-    }
-    const uint2 bits = *reinterpret_cast<const uint2 *>(row + (int64_t)col * 2);
-    return glmrt_bf16x4_to_float4(bits.x, bits.y);
-}
-
-__device__ __forceinline__ float glmrt_router_dot4(float4 w, float4 x, float acc)
-{
-    acc = __fmaf_rn(w.x, x.x, acc);
-    acc = __fmaf_rn(w.y, x.y, acc);
-    acc = __fmaf_rn(w.z, x.z, acc);
-    return __fmaf_rn(w.w, x.w, acc);
-}
 
 template <int FORMAT, typename TILE>
 __device__ __forceinline__ void glmrt_router_chunk_weights(float4 (*weights)[TILE::steps],

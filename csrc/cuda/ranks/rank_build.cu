@@ -6,6 +6,7 @@
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "model_layout.cuh"
+#include "moe.cuh"
 #include "rank_state.cuh"
 #include "weight_random.cuh"
 #include "weight_upload.cuh"
@@ -214,6 +215,10 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     glmrt_cuda_workspace_layout(d, &st->capacity, sort_bytes, nullptr, &st->ws, &st->workspace_bytes);
     GLMRT_TRY(glmrt_cuda_device_alloc(st, (void **)&st->workspace_memory, st->workspace_bytes, "workspace"));
     glmrt_cuda_workspace_layout(d, &st->capacity, sort_bytes, st->workspace_memory, &st->ws, &st->workspace_bytes);
+    if (st->ws.moe_counters != nullptr) {
+        GLMRT_CUDA_TRY(st->error, cudaMemsetAsync(st->ws.moe_counters, 0, GLMRT_MOE_COUNTERS * sizeof(int32_t),
+                                                  st->stream));
+    }
     st->kv_pad_page = st->kv_num_pages;
     st->kv_bytes = st->kv_bytes_per_page * ((int64_t)st->kv_num_pages + 1);
     GLMRT_TRY(glmrt_cuda_device_alloc(st, (void **)&st->kv_memory, st->kv_bytes, "the KV cache"));

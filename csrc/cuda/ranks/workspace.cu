@@ -123,7 +123,7 @@ void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step
         ws->sorted_token = glmrt_cuda_arena_array<int32_t>(&arena, a);
         ws->assignment_row = glmrt_cuda_arena_array<int32_t>(&arena, a);
         ws->tiles = glmrt_cuda_arena_array<glmrt_cuda_gemm_tile>(&arena, d->max_expert_tiles);
-        ws->moe_counters = glmrt_cuda_arena_array<int32_t>(&arena, 4);
+        ws->moe_counters = glmrt_cuda_arena_array<int32_t>(&arena, GLMRT_MOE_COUNTERS);
         ws->expert_gate_up = glmrt_cuda_arena_array<float>(&arena, a * 2 * d->expert_width);
         ws->expert_act = glmrt_cuda_arena_array<float>(&arena, a * d->expert_width);
         ws->expert_out = glmrt_cuda_arena_array<float>(&arena, a * d->hidden);

@@ -9,6 +9,7 @@
 #include "ops.cuh"
 #include "rank_reduce.cuh"
 #include "rank_state.cuh"
+#include "route_resident.cuh"
 #include "router.cuh"
 
 typedef struct glmrt_step_context {
@@ -254,8 +255,8 @@ static int32_t glmrt_expert_tile_rows(const glmrt_cuda_dims *d, int32_t num_toke
     return native ? glmrt_cuda_qgemm_tile_rows(rows_per_expert) : glmrt_cuda_gemm_tile_rows(rows_per_expert);
 }
 
-static glmrt_status glmrt_layer_experts_native(glmrt_step_context *step, const glmrt_cuda_layer *layer,
-                                               int32_t tile_rows, int32_t grid_tiles)
+static glmrt_status glmrt_layer_experts_rounded(glmrt_step_context *step, const glmrt_cuda_layer *layer,
+                                                int32_t tile_rows, int32_t grid_tiles)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
@@ -299,32 +300,22 @@ static glmrt_status glmrt_layer_experts_native(glmrt_step_context *step, const g
     return glmrt_cuda_qgemm_run(&call, &m->split, step->stream, step->error);
 }
 
-static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cuda_layer *layer,
-                                        const glmrt_cuda_route_args *route)
+static int glmrt_layer_experts_native(const glmrt_cuda_layer *layer)
+{
+    return layer->experts_gate_up.qgemm != nullptr && layer->experts_down.qgemm != nullptr;
+}
+
+static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cuda_layer *layer, int32_t tile_rows)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t assignments = t * d->top_k;
-    const int32_t native = layer->experts_gate_up.qgemm != nullptr && layer->experts_down.qgemm != nullptr;
-    int32_t tile_rows = glmrt_expert_tile_rows(d, t, native);
-    glmrt_cuda_dispatch_args dispatch;
-    dispatch.topk_ids = ws->topk_ids;
-    dispatch.num_tokens = t;
-    dispatch.top_k = d->top_k;
-    dispatch.expert_begin = st->rank.experts.begin;
-    dispatch.num_local_experts = d->num_local_experts;
-    dispatch.tile_rows = tile_rows;
-    dispatch.sorted_token = ws->sorted_token;
-    dispatch.assignment_row = ws->assignment_row;
-    dispatch.tiles = ws->tiles;
-    dispatch.num_tiles = ws->moe_counters;
-    dispatch.num_sorted = ws->moe_counters + 1;
-    GLMRT_TRY(glmrt_cuda_moe_route_dispatch(route, &dispatch, step->stream, step->error));
+    const int32_t native = glmrt_layer_experts_native(layer);
     int32_t grid_tiles = glmrt_cuda_moe_max_tiles(assignments, d->num_local_experts, tile_rows);
     if (native) {
-        return glmrt_layer_experts_native(step, layer, tile_rows, grid_tiles);
+        return glmrt_layer_experts_rounded(step, layer, tile_rows, grid_tiles);
     }
     glmrt_cuda_gemm_args gemm;
     memset(&gemm, 0, sizeof(gemm));
@@ -349,12 +340,65 @@ static glmrt_status glmrt_layer_experts(glmrt_step_context *step, const glmrt_cu
     return glmrt_cuda_gemm_run(&gemm, tile_rows, grid_tiles, step->stream, step->error);
 }
 
-static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_layer *layer)
+static void glmrt_layer_route_args(const glmrt_step_context *step, const glmrt_cuda_layer *layer,
+                                   glmrt_cuda_route_args *route)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    glmrt_cuda_workspace *ws = &st->ws;
+    route->logits = ws->router_logits;
+    route->correction_bias = layer->router_bias;
+    route->num_tokens = step->counts->num_tokens;
+    route->num_experts = d->num_experts;
+    route->top_k = d->top_k;
+    route->num_groups = d->num_groups;
+    route->keep_groups = d->keep_groups;
+    route->normalize = st->engine->config.norm_topk_prob;
+    route->scaling = st->engine->config.routed_scaling_factor;
+    route->topk_ids = ws->topk_ids;
+    route->topk_weights = ws->topk_weights;
+}
+
+static void glmrt_layer_dispatch_args(const glmrt_step_context *step, int32_t tile_rows,
+                                      glmrt_cuda_dispatch_args *dispatch)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    glmrt_cuda_workspace *ws = &st->ws;
+    dispatch->topk_ids = ws->topk_ids;
+    dispatch->num_tokens = step->counts->num_tokens;
+    dispatch->top_k = d->top_k;
+    dispatch->expert_begin = st->rank.experts.begin;
+    dispatch->num_local_experts = d->num_local_experts;
+    dispatch->tile_rows = tile_rows;
+    dispatch->sorted_token = ws->sorted_token;
+    dispatch->assignment_row = ws->assignment_row;
+    dispatch->tiles = ws->tiles;
+    dispatch->num_tiles = ws->moe_counters;
+    dispatch->num_sorted = ws->moe_counters + 1;
+}
+
+static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda_layer *layer, int32_t tile_rows)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
+    glmrt_cuda_route_args route;
+    glmrt_cuda_dispatch_args dispatch;
+    glmrt_layer_route_args(step, layer, &route);
+    glmrt_layer_dispatch_args(step, tile_rows, &dispatch);
+    if (glmrt_cuda_route_resident_fits(&layer->router, t)) {
+        glmrt_cuda_route_resident_args resident;
+        resident.router = &layer->router;
+        resident.x = ws->normed;
+        resident.x_stride = d->hidden;
+        resident.logits = ws->router_logits;
+        resident.route = &route;
+        resident.dispatch = &dispatch;
+        resident.arrivals = ws->moe_counters + GLMRT_MOE_ARRIVALS_COUNTER;
+        return glmrt_cuda_route_resident(&resident, step->stream, step->error);
+    }
     if (glmrt_cuda_router_supports(&layer->router)) {
         GLMRT_TRY(glmrt_cuda_router_logits(&layer->router, ws->normed, d->hidden, t, ws->router_logits, d->num_experts,
                                            step->stream, step->error));
@@ -362,19 +406,18 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
         GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->router, ws->normed, d->hidden, ws->router_logits, d->num_experts, t,
                                         nullptr, 0, step->stream, step->error));
     }
-    glmrt_cuda_route_args route;
-    route.logits = ws->router_logits;
-    route.correction_bias = layer->router_bias;
-    route.num_tokens = t;
-    route.num_experts = d->num_experts;
-    route.top_k = d->top_k;
-    route.num_groups = d->num_groups;
-    route.keep_groups = d->keep_groups;
-    route.normalize = st->engine->config.norm_topk_prob;
-    route.scaling = st->engine->config.routed_scaling_factor;
-    route.topk_ids = ws->topk_ids;
-    route.topk_weights = ws->topk_weights;
-    GLMRT_TRY(glmrt_layer_experts(step, layer, &route));
+    return glmrt_cuda_moe_route_dispatch(&route, &dispatch, step->stream, step->error);
+}
+
+static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_layer *layer)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    glmrt_cuda_workspace *ws = &st->ws;
+    int32_t t = step->counts->num_tokens;
+    int32_t tile_rows = glmrt_expert_tile_rows(d, t, glmrt_layer_experts_native(layer));
+    GLMRT_TRY(glmrt_layer_route(step, layer, tile_rows));
+    GLMRT_TRY(glmrt_layer_experts(step, layer, tile_rows));
     if (layer->has_shared) {
         GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->shared_gate_up, &layer->shared_down,
                                         &glmrt_cuda_matmuls::shared_act, ws->shared_out, 0));
