@@ -409,13 +409,14 @@ static void glmrt_check_route_resident(glmrt_test_report *report, glmrt_test_rng
     uint8_t *d_data = nullptr;
     float *d_scale = nullptr;
     glmrt_device_matrix(&h, &d_data, &d_scale);
-    std::vector<float> x((size_t)rc->tokens * rc->cols);
+    const int32_t narrow_tokens = rc->tokens + GLMRT_ROUTE_RESIDENT_TOKENS + 1;
+    std::vector<float> x((size_t)narrow_tokens * rc->cols);
     for (float &v : x) v = glmrt_test_normal(rng);
     std::vector<float> bias(rc->experts);
     for (float &v : bias) v = glmrt_test_normal(rng) * 0.1f;
     float *d_x = glmrt_test_upload(x);
     float *d_bias = glmrt_test_upload(bias);
-    float *d_logits[2] = {glmrt_test_alloc<float>((size_t)rc->tokens * rc->experts),
+    float *d_logits[2] = {glmrt_test_alloc<float>((size_t)narrow_tokens * rc->experts),
                           glmrt_test_alloc<float>((size_t)rc->tokens * rc->experts)};
     int32_t *d_ids[2] = {glmrt_test_alloc<int32_t>(assignments), glmrt_test_alloc<int32_t>(assignments)};
     float *d_weights[2] = {glmrt_test_alloc<float>(assignments), glmrt_test_alloc<float>(assignments)};
@@ -431,11 +432,12 @@ static void glmrt_check_route_resident(glmrt_test_report *report, glmrt_test_rng
     }
     glmrt_error error;
     glmrt_error_clear(&error);
-    glmrt_status status = glmrt_cuda_router_logits(&h.m, d_x, rc->cols, rc->tokens, d_logits[0], rc->experts, 0, &error);
+    glmrt_status status = glmrt_cuda_router_logits(&h.m, d_x, rc->cols, narrow_tokens, d_logits[0], rc->experts, 0,
+                                                   &error);
     if (status == GLMRT_OK) status = glmrt_cuda_moe_route(&route[0], 0, &error);
     if (status == GLMRT_OK) status = glmrt_cuda_moe_dispatch(&dispatch[0], 0, &error);
     glmrt_cuda_route_resident_args resident = {&h.m, d_x, rc->cols, d_logits[1], &route[1], &dispatch[1], d_arrivals};
-    long bad = glmrt_cuda_route_resident_fits(&h.m, rc->tokens) ? 0 : 1;
+    long bad = glmrt_cuda_router_resident_fits(&h.m, rc->tokens) ? 0 : 1;
     for (int repeat = 0; repeat < 2 && status == GLMRT_OK; ++repeat) {
         cudaMemset(d_logits[1], 0, (size_t)rc->tokens * rc->experts * sizeof(float));
         cudaMemset(d_ids[1], 0xff, (size_t)assignments * sizeof(int32_t));
@@ -457,7 +459,7 @@ static void glmrt_check_route_resident(glmrt_test_report *report, glmrt_test_rng
     char what[200];
     snprintf(what, sizeof(what),
              "router, routing and dispatch in one kernel for %d token(s), format %d, %d experts x %d columns, top %d "
-             "of %d groups keep %d, twice, equal the three kernels bit for bit",
+             "of %d groups keep %d, twice, equal the batched router and the routing kernels bit for bit",
              rc->tokens, rc->format, rc->experts, rc->cols, rc->top_k, rc->groups, rc->keep);
     glmrt_test_expect(report, bad == 0, what, (double)bad, 0);
     for (int i = 0; i < 2; ++i) {
@@ -477,10 +479,10 @@ static void glmrt_check_route_resident_refusals(glmrt_test_report *report, glmrt
     glmrt_host_matrix wide = glmrt_make_matrix(rng, GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, {8}, 5632, 1, 0);
     glmrt_host_matrix fits = glmrt_make_matrix(rng, GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, {8}, 512, 1, 0);
     long wrong = 0;
-    wrong += glmrt_cuda_route_resident_fits(&wide.m, 1) != 0;
-    wrong += glmrt_cuda_route_resident_fits(&fits.m, 0) != 0;
-    wrong += glmrt_cuda_route_resident_fits(&fits.m, GLMRT_ROUTE_RESIDENT_TOKENS + 1) != 0;
-    wrong += glmrt_cuda_route_resident_fits(&fits.m, GLMRT_ROUTE_RESIDENT_TOKENS) != 1;
+    wrong += glmrt_cuda_router_resident_fits(&wide.m, 1) != 0;
+    wrong += glmrt_cuda_router_resident_fits(&fits.m, 0) != 0;
+    wrong += glmrt_cuda_router_resident_fits(&fits.m, GLMRT_ROUTE_RESIDENT_TOKENS + 1) != 0;
+    wrong += glmrt_cuda_router_resident_fits(&fits.m, GLMRT_ROUTE_RESIDENT_TOKENS) != 1;
     glmrt_cuda_route_args route = {nullptr, nullptr, 3, 8, 2, 1, 1, 1, 1.0f, nullptr, nullptr};
     glmrt_cuda_dispatch_args dispatch = {nullptr, 3, 2, 0, 8, 4, nullptr, nullptr, nullptr, nullptr, nullptr};
     glmrt_cuda_route_resident_args args = {&fits.m, nullptr, 512, nullptr, &route, &dispatch, nullptr};
@@ -635,6 +637,8 @@ int main(void)
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 20, 1056, 13);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 301);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 37, 1056, 1100);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 7);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 37, 1056, 8);
     const glmrt_resident_case resident_cases[] = {
         {GLMRT_CUDA_FORMAT_BF16, 160, 5120, 8, 1, 1, 1},
         {GLMRT_CUDA_FORMAT_F32, 160, 5120, 8, 1, 1, 2},

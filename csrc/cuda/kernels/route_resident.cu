@@ -1,3 +1,5 @@
+#include <string.h>
+
 #include "cuda_check.cuh"
 #include "dependent_launch.cuh"
 #include "moe_blocks.cuh"
@@ -52,10 +54,22 @@ __device__ __forceinline__ bool glmrt_resident_last_block(int32_t *arrivals)
     return true;
 }
 
-template <int FORMAT>
+__device__ __forceinline__ void glmrt_resident_stage_rows(float (*rows)[GLMRT_ROUTE_RESIDENT_COLS], const float *x,
+                                                          int64_t x_stride, int32_t count, int32_t cols)
+{
+    const int32_t quads = cols / 4;
+    for (int32_t i = (int32_t)threadIdx.x; i < count * quads; i += (int32_t)blockDim.x) {
+        const int32_t t = i / quads;
+        const int32_t q = i - t * quads;
+        *reinterpret_cast<float4 *>(&rows[t][4 * q]) = *reinterpret_cast<const float4 *>(x + (int64_t)t * x_stride + 4 * q);
+    }
+}
+
+template <int FORMAT, bool ROUTE>
 __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
-    glmrt_route_resident_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, float *logits,
-                                glmrt_cuda_route_args route, glmrt_cuda_dispatch_args dispatch, int32_t *arrivals)
+    glmrt_route_resident_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens,
+                                float *logits, int64_t logits_stride, glmrt_cuda_route_args route,
+                                glmrt_cuda_dispatch_args dispatch, int32_t *arrivals)
 {
     __shared__ __align__(16) float rows[GLMRT_ROUTE_RESIDENT_TOKENS][GLMRT_ROUTE_RESIDENT_COLS];
     const int warp = threadIdx.x >> 5;
@@ -65,41 +79,77 @@ __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
     float4 weights[GLMRT_ROUTE_RESIDENT_STEPS];
     glmrt_resident_weights<FORMAT>(weights, w.data + (int64_t)min(expert, w.rows - 1) * row_bytes, w.cols, lane);
     glmrt_dependent_enter();
-    const int32_t tokens = route.num_tokens;
-    const int32_t quads = w.cols / 4;
-    for (int32_t i = (int32_t)threadIdx.x; i < tokens * quads; i += (int32_t)blockDim.x) {
-        const int32_t t = i / quads;
-        const int32_t q = i - t * quads;
-        *reinterpret_cast<float4 *>(&rows[t][4 * q]) = *reinterpret_cast<const float4 *>(x + (int64_t)t * x_stride + 4 * q);
-    }
+    glmrt_resident_stage_rows(rows, x, x_stride, num_tokens, w.cols);
     __syncthreads();
-    for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t t = 0; t < num_tokens; ++t) {
         const float logit = glmrt_resident_dot(weights, rows[t], w.cols, lane);
         if (lane == 0 && expert < w.rows) {
-            logits[(int64_t)t * route.num_experts + expert] = logit;
+            logits[(int64_t)t * logits_stride + expert] = logit;
         }
     }
-    if (!glmrt_resident_last_block(arrivals)) {
-        return;
+    if constexpr (ROUTE) {
+        if (!glmrt_resident_last_block(arrivals)) {
+            return;
+        }
+        for (int32_t token = warp; token < num_tokens; token += GLMRT_ROUTE_RESIDENT_WARPS) {
+            glmrt_route_token(route, token, lane);
+        }
+        __syncthreads();
+        glmrt_dispatch_small(dispatch);
     }
-    for (int32_t token = warp; token < tokens; token += GLMRT_ROUTE_RESIDENT_WARPS) {
-        glmrt_route_token(route, token, lane);
-    }
-    __syncthreads();
-    glmrt_dispatch_small(dispatch);
 }
 
-int glmrt_cuda_route_resident_fits(const glmrt_cuda_matrix *router, int32_t num_tokens)
+template <bool ROUTE>
+static glmrt_status glmrt_route_resident_launch(const glmrt_cuda_matrix *w, const float *x, int64_t x_stride,
+                                                int32_t num_tokens, float *logits, int64_t logits_stride,
+                                                const glmrt_cuda_route_args &route,
+                                                const glmrt_cuda_dispatch_args &dispatch, int32_t *arrivals,
+                                                cudaStream_t stream, glmrt_error *error)
+{
+    dim3 grid((unsigned)glmrt_ceil_div(w->rows, GLMRT_ROUTE_RESIDENT_WARPS));
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config =
+        glmrt_dependent_config(&dependent, grid, GLMRT_ROUTE_RESIDENT_WARPS * 32, 0, stream);
+    if (w->format == GLMRT_CUDA_FORMAT_F32) {
+        GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_F32, ROUTE>, *w,
+                                                 x, x_stride, num_tokens, logits, logits_stride, route, dispatch,
+                                                 arrivals));
+        return GLMRT_OK;
+    }
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_BF16, ROUTE>, *w, x,
+                                             x_stride, num_tokens, logits, logits_stride, route, dispatch, arrivals));
+    return GLMRT_OK;
+}
+
+int glmrt_cuda_router_resident_fits(const glmrt_cuda_matrix *router, int32_t num_tokens)
 {
     return num_tokens >= 1 && num_tokens <= GLMRT_ROUTE_RESIDENT_TOKENS && glmrt_cuda_router_supports(router) &&
            router->cols <= GLMRT_ROUTE_RESIDENT_COLS && router->rows <= GLMRT_MOE_MAX_EXPERTS;
+}
+
+glmrt_status glmrt_cuda_router_resident_logits(const glmrt_cuda_matrix *w, const float *x, int64_t x_stride,
+                                               int32_t num_tokens, float *logits, int64_t logits_stride,
+                                               cudaStream_t stream, glmrt_error *error)
+{
+    if (!glmrt_cuda_router_resident_fits(w, num_tokens) || ((uintptr_t)x & 15u) != 0 || x_stride % 4 != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "resident router logits take 1 to %d aligned rows and a BF16 or F32 router of at most "
+                               "%d columns, got %d rows",
+                               GLMRT_ROUTE_RESIDENT_TOKENS, GLMRT_ROUTE_RESIDENT_COLS, num_tokens);
+    }
+    glmrt_cuda_route_args route;
+    glmrt_cuda_dispatch_args dispatch;
+    memset(&route, 0, sizeof(route));
+    memset(&dispatch, 0, sizeof(dispatch));
+    return glmrt_route_resident_launch<false>(w, x, x_stride, num_tokens, logits, logits_stride, route, dispatch,
+                                              nullptr, stream, error);
 }
 
 static glmrt_status glmrt_route_resident_check(const glmrt_cuda_route_resident_args *args, glmrt_error *error)
 {
     const glmrt_cuda_route_args *route = args->route;
     const glmrt_cuda_dispatch_args *dispatch = args->dispatch;
-    if (!glmrt_cuda_route_resident_fits(args->router, route->num_tokens)) {
+    if (!glmrt_cuda_router_resident_fits(args->router, route->num_tokens)) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "resident routing takes 1 to %d tokens and a BF16 or F32 router of at most %d columns, "
                                "got %d tokens",
@@ -121,19 +171,7 @@ glmrt_status glmrt_cuda_route_resident(const glmrt_cuda_route_resident_args *arg
                                        glmrt_error *error)
 {
     GLMRT_TRY(glmrt_route_resident_check(args, error));
-    const glmrt_cuda_matrix *w = args->router;
-    dim3 grid((unsigned)glmrt_ceil_div(w->rows, GLMRT_ROUTE_RESIDENT_WARPS));
-    glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config =
-        glmrt_dependent_config(&dependent, grid, GLMRT_ROUTE_RESIDENT_WARPS * 32, 0, stream);
-    if (w->format == GLMRT_CUDA_FORMAT_F32) {
-        GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_F32>, *w, args->x,
-                                                 args->x_stride, args->logits, *args->route, *args->dispatch,
-                                                 args->arrivals));
-        return GLMRT_OK;
-    }
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_BF16>, *w, args->x,
-                                             args->x_stride, args->logits, *args->route, *args->dispatch,
-                                             args->arrivals));
-    return GLMRT_OK;
+    return glmrt_route_resident_launch<true>(args->router, args->x, args->x_stride, args->route->num_tokens,
+                                             args->logits, args->route->num_experts, *args->route, *args->dispatch,
+                                             args->arrivals, stream, error);
 }

@@ -23,7 +23,10 @@ typedef struct glmrt_cuda_route_resident_args {
     int32_t *arrivals;
 } glmrt_cuda_route_resident_args;
 
-int glmrt_cuda_route_resident_fits(const glmrt_cuda_matrix *router, int32_t num_tokens);
+int glmrt_cuda_router_resident_fits(const glmrt_cuda_matrix *router, int32_t num_tokens);
+glmrt_status glmrt_cuda_router_resident_logits(const glmrt_cuda_matrix *w, const float *x, int64_t x_stride,
+                                               int32_t num_tokens, float *logits, int64_t logits_stride,
+                                               cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_route_resident(const glmrt_cuda_route_resident_args *args, cudaStream_t stream,
                                        glmrt_error *error);
 

@@ -1,6 +1,7 @@
 #include "dependent_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_math.cuh"
+#include "route_resident.cuh"
 #include "router.cuh"
 #include "router_lanes.cuh"
 
@@ -143,6 +144,9 @@ glmrt_status glmrt_cuda_router_logits(const glmrt_cuda_matrix *w, const float *x
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "the router kernel takes BF16 or F32 weights and 16-byte aligned f32 rows, got format %d",
                                w->format);
+    }
+    if (glmrt_cuda_router_resident_fits(w, num_tokens)) {
+        return glmrt_cuda_router_resident_logits(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
     }
     if (num_tokens >= GLMRT_ROUTER_WIDE_TOKENS) {
         return glmrt_router_launch<glmrt_router_wide>(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);

@@ -388,7 +388,7 @@ static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda
     glmrt_cuda_dispatch_args dispatch;
     glmrt_layer_route_args(step, layer, &route);
     glmrt_layer_dispatch_args(step, tile_rows, &dispatch);
-    if (glmrt_cuda_route_resident_fits(&layer->router, t)) {
+    if (glmrt_cuda_router_resident_fits(&layer->router, t)) {
         glmrt_cuda_route_resident_args resident;
         resident.router = &layer->router;
         resident.x = ws->normed;
