@@ -127,17 +127,21 @@ def test_cuda_prefill_logits_match_cpu_backend(weight_format, precision):
         assert float(np.median(errors)) < NATIVE_FP8_MEDIAN_RELATIVE_L2
 
 
-def check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, gpu):
+def check_greedy_tokens_follow_until_a_near_tie(reference, engine, reference_name):
     agreed, total = 0, 0
-    for prompt in prompts_for(cpu):
-        cpu_tokens, cpu_rows = greedy_with_logits(cpu, prompt, NEW_TOKENS)
-        gpu_tokens, _ = greedy_with_logits(gpu, prompt, NEW_TOKENS)
-        index, margin = first_divergence_margin(cpu_tokens, cpu_rows, gpu_tokens)
+    for prompt in prompts_for(reference):
+        reference_tokens, reference_rows = greedy_with_logits(reference, prompt, NEW_TOKENS)
+        tokens, _ = greedy_with_logits(engine, prompt, NEW_TOKENS)
+        index, margin = first_divergence_margin(reference_tokens, reference_rows, tokens)
         agreed += index
-        total += len(cpu_tokens)
-        assert len(gpu_tokens) == len(cpu_tokens)
-        assert margin <= TIE_MARGIN, f"diverged at token {index} where the CPU margin was {margin}"
+        total += len(reference_tokens)
+        assert len(tokens) == len(reference_tokens)
+        assert margin <= TIE_MARGIN, f"diverged at token {index} where {reference_name}'s margin was {margin}"
     return agreed, total
+
+
+def check_greedy_tokens_follow_cpu_until_a_near_tie(cpu, gpu):
+    return check_greedy_tokens_follow_until_a_near_tie(cpu, gpu, "the CPU backend")
 
 
 @pytest.mark.parametrize(("weight_format", "precision"), greedy_cases())

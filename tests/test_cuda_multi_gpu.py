@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
-from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, NATIVE_FP8_MEDIAN_RELATIVE_L2, NEW_TOKENS, TIE_MARGIN,
+from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, NATIVE_FP8_MEDIAN_RELATIVE_L2, TIE_MARGIN,
                                WEIGHT_FORMATS, assert_equal_decode_rows, check_batched_requests_equal_solo_requests,
+                               check_greedy_tokens_follow_until_a_near_tie,
                                check_server_streams_offline_engine_tokens, cpu_precision_matching,
                                cuda_device_count, cuda_ready, first_divergence_margin, greedy_with_logits,
                                native_fp8, prefill_bound, prompts_for, random_glm_dir, relative_l2)
@@ -77,26 +78,12 @@ def test_split_prefill_logits_in_native_precision_meet_the_one_gpu_bounds_to_the
             assert float(np.median(errors)) < NATIVE_FP8_MEDIAN_RELATIVE_L2
 
 
-def check_split_greedy_tokens_follow_one_gpu_until_a_near_tie(one, split, prompts, count):
-    agreed, total = 0, 0
-    for prompt in prompts:
-        tokens, rows = greedy_with_logits(one, prompt, count)
-        split_tokens, _ = greedy_with_logits(split, prompt, count)
-        index, margin = first_divergence_margin(tokens, rows, split_tokens)
-        agreed += index
-        total += len(tokens)
-        assert len(split_tokens) == len(tokens)
-        assert margin <= TIE_MARGIN, f"diverged at token {index} where one GPU's margin was {margin}"
-    return agreed, total
-
-
 @pytest.mark.parametrize("weight_format", WEIGHT_FORMATS)
 def test_split_greedy_tokens_follow_one_gpu_until_a_near_tie(weight_format):
     model_dir = wide_model(weight_format)
     with Engine(model_dir, backend="cuda", matmul_precision="high", **ENGINE_OPTIONS) as one, \
             Engine(model_dir, backend="cuda", num_devices=2, matmul_precision="high", **ENGINE_OPTIONS) as split:
-        agreed, total = check_split_greedy_tokens_follow_one_gpu_until_a_near_tie(one, split, prompts_for(one),
-                                                                                  NEW_TOKENS)
+        agreed, total = check_greedy_tokens_follow_until_a_near_tie(one, split, "one GPU")
     print(f"{weight_format} over 2 GPUs: {agreed} of {total} greedy tokens agree with one GPU before any near-tie")
 
 
