@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_fill.cuh"
 #include "peer_reduce.cuh"
 
 #define GLMRT_BENCH_MAX_ROWS 256
@@ -51,17 +52,6 @@ static double glmrt_bench_seconds(void)
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
-}
-
-__global__ void glmrt_bench_fill(float *data, int64_t count, uint32_t seed)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2246822519u ^ seed;
-        h ^= h >> 16;
-        h *= 2654435761u;
-        h ^= h >> 13;
-        data[i] = 2.0f * ((float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f);
-    }
 }
 
 static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
@@ -170,7 +160,8 @@ static int glmrt_bench_fill_inputs(glmrt_bench_gpus *gpus, int64_t count, float 
         if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
             return 1;
         }
-        glmrt_bench_fill<<<64, 256, 0, gpus->streams[r]>>>(targets[r], count, 977u * (uint32_t)(r + 1));
+        glmrt_bench_fill_floats<<<64, 256, 0, gpus->streams[r]>>>(targets[r], count, 977u * (uint32_t)(r + 1), 0.0f,
+                                                                  2.0f);
         if (glmrt_bench_cuda(cudaGetLastError(), "fill")) {
             return 1;
         }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "bench_fill.cuh"
 #include "step_inputs.cuh"
 
 #define GLMRT_BENCH_HEAD_DIM 128
@@ -44,16 +45,6 @@ __global__ void glmrt_bench_fill_bf16(uint16_t *data, int64_t count, uint32_t se
         h *= 2246822519u;
         h ^= h >> 13;
         data[i] = (uint16_t)(0x3e00u | (h & 0x80ffu));
-    }
-}
-
-__global__ void glmrt_bench_fill_f32(float *data, int64_t count, uint32_t seed)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2246822519u ^ seed;
-        h ^= h >> 16;
-        h *= 2654435761u;
-        data[i] = 4.0f * ((float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f);
     }
 }
 
@@ -245,7 +236,7 @@ int main(void)
         return 1;
     }
     glmrt_bench_fill_bf16<<<1024, 256>>>(kv_cache, kv_elements, 17u);
-    glmrt_bench_fill_f32<<<1024, 256>>>(q, q_elements, 29u);
+    glmrt_bench_fill_floats<<<1024, 256>>>(q, q_elements, 29u, 0.0f, 4.0f);
     if (!glmrt_bench_ok(cudaDeviceSynchronize(), "fill")) return 1;
     glmrt_error error;
     glmrt_error_clear(&error);

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(GLMRT_DISPATCH_THREADS)
     glmrt_dispatch_small(dispatch);
 }
 
-static glmrt_status glmrt_dispatch_check(const glmrt_cuda_dispatch_args *args, glmrt_error *error)
+glmrt_status glmrt_cuda_moe_dispatch_check(const glmrt_cuda_dispatch_args *args, glmrt_error *error)
 {
     if (args->num_local_experts > GLMRT_MOE_MAX_EXPERTS) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "%d local experts exceed %d", args->num_local_experts,
@@ -93,7 +93,7 @@ glmrt_status glmrt_cuda_moe_route_dispatch(const glmrt_cuda_route_args *route, c
         GLMRT_TRY(glmrt_cuda_moe_route(route, stream, error));
         return glmrt_cuda_moe_dispatch(dispatch, stream, error);
     }
-    GLMRT_TRY(glmrt_dispatch_check(dispatch, error));
+    GLMRT_TRY(glmrt_cuda_moe_dispatch_check(dispatch, error));
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, 1, GLMRT_DISPATCH_THREADS, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_dispatch_kernel, *route, *dispatch));
@@ -105,7 +105,7 @@ glmrt_status glmrt_cuda_moe_dispatch(const glmrt_cuda_dispatch_args *args, cudaS
     if (args->num_tokens <= 0) {
         return GLMRT_OK;
     }
-    GLMRT_TRY(glmrt_dispatch_check(args, error));
+    GLMRT_TRY(glmrt_cuda_moe_dispatch_check(args, error));
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, 1, GLMRT_DISPATCH_THREADS, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_dispatch_kernel, *args));

@@ -54,6 +54,7 @@ typedef struct glmrt_cuda_combine_args {
 glmrt_status glmrt_cuda_moe_check(int32_t num_experts, int32_t top_k, int32_t num_groups, glmrt_error *error);
 glmrt_status glmrt_cuda_moe_route(const glmrt_cuda_route_args *args, cudaStream_t stream, glmrt_error *error);
 int32_t glmrt_cuda_moe_max_tiles(int32_t num_assignments, int32_t num_local_experts, int32_t tile_rows);
+glmrt_status glmrt_cuda_moe_dispatch_check(const glmrt_cuda_dispatch_args *args, glmrt_error *error);
 glmrt_status glmrt_cuda_moe_dispatch(const glmrt_cuda_dispatch_args *args, cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_moe_route_dispatch(const glmrt_cuda_route_args *route, const glmrt_cuda_dispatch_args *dispatch,
                                            cudaStream_t stream, glmrt_error *error);

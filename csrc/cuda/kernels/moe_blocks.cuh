@@ -168,6 +168,19 @@ __device__ __forceinline__ int32_t glmrt_dispatch_tiles(int32_t count, int32_t t
     return (count + tile_rows - 1) / tile_rows;
 }
 
+__device__ __forceinline__ void glmrt_dispatch_write_tiles(const glmrt_cuda_dispatch_args &args, int32_t expert,
+                                                           int32_t first_row, int32_t count, int32_t first_tile)
+{
+    for (int32_t t = 0; t * args.tile_rows < count; ++t) {
+        glmrt_cuda_gemm_tile tile;
+        tile.group = expert;
+        tile.row_begin = first_row + t * args.tile_rows;
+        tile.num_rows = min(args.tile_rows, count - t * args.tile_rows);
+        tile.reserved = 0;
+        args.tiles[first_tile + t] = tile;
+    }
+}
+
 static __device__ void glmrt_dispatch_offsets(const glmrt_cuda_dispatch_args &args, const int32_t *counts, int32_t *offsets,
                                        int32_t *tile_offsets, int lane)
 {
@@ -231,16 +244,7 @@ static __device__ void glmrt_dispatch_block(const glmrt_cuda_dispatch_args &args
     }
     __syncthreads();
     for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
-        int32_t first_tile = tile_offsets[e];
-        int32_t count = counts[e];
-        for (int32_t t = 0; t * args.tile_rows < count; ++t) {
-            glmrt_cuda_gemm_tile tile;
-            tile.group = e;
-            tile.row_begin = offsets[e] + t * args.tile_rows;
-            tile.num_rows = min(args.tile_rows, count - t * args.tile_rows);
-            tile.reserved = 0;
-            args.tiles[first_tile + t] = tile;
-        }
+        glmrt_dispatch_write_tiles(args, e, offsets[e], counts[e], tile_offsets[e]);
         counts[e] = 0;
     }
     __syncthreads();
@@ -277,10 +281,11 @@ static __device__ glmrt_dispatch_lane glmrt_dispatch_lane_order(const glmrt_cuda
         order.local = e >= 0 && e < args.num_local_experts ? e : -1;
     }
     const uint32_t same = __match_any_sync(GLMRT_FULL_MASK, order.local);
+    const uint32_t same_below = same & ((1u << lane) - 1u);
     order.count = __popc(same);
-    order.leads = (same & ((1u << lane) - 1u)) == 0u && order.local >= 0;
+    order.leads = same_below == 0u && order.local >= 0;
     const int32_t tiles = order.leads ? glmrt_dispatch_tiles(order.count, args.tile_rows) : 0;
-    order.rows_before = __popc(same & ((1u << lane) - 1u));
+    order.rows_before = __popc(same_below);
     order.tiles_before = 0;
     order.total_rows = 0;
     order.total_tiles = 0;
@@ -303,16 +308,7 @@ static __device__ void glmrt_dispatch_warp(const glmrt_cuda_dispatch_args &args,
 {
     const glmrt_dispatch_lane order = glmrt_dispatch_lane_order(args, lane);
     if (order.leads) {
-        const int32_t first_row = order.rows_before;
-        const int32_t count = order.count;
-        for (int32_t t = 0; t * args.tile_rows < count; ++t) {
-            glmrt_cuda_gemm_tile tile;
-            tile.group = order.local;
-            tile.row_begin = first_row + t * args.tile_rows;
-            tile.num_rows = min(args.tile_rows, count - t * args.tile_rows);
-            tile.reserved = 0;
-            args.tiles[order.tiles_before + t] = tile;
-        }
+        glmrt_dispatch_write_tiles(args, order.local, order.rows_before, order.count, order.tiles_before);
     }
     if (lane < args.num_tokens * args.top_k) {
         if (order.local >= 0) {

@@ -157,14 +157,13 @@ static glmrt_status glmrt_route_resident_check(const glmrt_cuda_route_resident_a
     }
     if (((uintptr_t)args->x & 15u) != 0 || args->x_stride % 4 != 0 || route->logits != args->logits ||
         route->num_experts != args->router->rows || dispatch->num_tokens != route->num_tokens ||
-        dispatch->top_k != route->top_k || dispatch->topk_ids != route->topk_ids ||
-        dispatch->num_local_experts > GLMRT_MOE_MAX_EXPERTS || args->arrivals == nullptr) {
+        dispatch->top_k != route->top_k || dispatch->topk_ids != route->topk_ids || args->arrivals == nullptr) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "resident routing needs aligned rows, logits of %d experts and a dispatch of the same "
                                "routing",
                                args->router->rows);
     }
-    return GLMRT_OK;
+    return glmrt_cuda_moe_dispatch_check(dispatch, error);
 }
 
 glmrt_status glmrt_cuda_route_resident(const glmrt_cuda_route_resident_args *args, cudaStream_t stream,
