@@ -368,6 +368,25 @@ static int glmrt_bench_shape_run(glmrt_bench_context *c, const glmrt_bench_shape
     return 1;
 }
 
+static int glmrt_bench_parse_rows(const char *text, std::vector<int32_t> *rows)
+{
+    rows->clear();
+    const char *at = text;
+    while (*at != '\0') {
+        char *end = nullptr;
+        const long value = strtol(at, &end, 10);
+        if (end == at || value <= 0 || value > 2048) {
+            return 0;
+        }
+        rows->push_back((int32_t)value);
+        at = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != '\0') {
+            return 0;
+        }
+    }
+    return !rows->empty();
+}
+
 static double glmrt_bench_copy_bandwidth(cudaStream_t stream)
 {
     const size_t bytes = 2ull << 30;
@@ -405,7 +424,12 @@ int main(int argc, char **argv)
     int32_t with_high = 0;
     int32_t block_scales = 1;
     const char *only = nullptr;
+    std::vector<int32_t> chosen_rows;
     for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc && !glmrt_bench_parse_rows(argv[++i], &chosen_rows)) {
+            fprintf(stderr, "--rows takes a comma-separated list of positive row counts, got %s\n", argv[i]);
+            return 1;
+        }
         with_high |= strcmp(argv[i], "--with-high") == 0;
         if (strcmp(argv[i], "--channel-scales") == 0) {
             block_scales = 0;
@@ -473,10 +497,12 @@ int main(int argc, char **argv)
         if (only != nullptr && strcmp(only, shape.name) != 0) {
             continue;
         }
-        if (!glmrt_bench_shape_run(&c, shape, only != nullptr ? prefill_rows : decode_rows, with_high, &error)) {
+        const std::vector<int32_t> &dense_rows =
+            !chosen_rows.empty() ? chosen_rows : (only != nullptr ? prefill_rows : decode_rows);
+        if (!glmrt_bench_shape_run(&c, shape, dense_rows, with_high, &error)) {
             return 1;
         }
-        if (only == nullptr && shape.format == GLMRT_CUDA_FORMAT_FP8 &&
+        if (only == nullptr && chosen_rows.empty() && shape.format == GLMRT_CUDA_FORMAT_FP8 &&
             !glmrt_bench_shape_run(&c, shape, prefill_rows, with_high, &error)) {
             return 1;
         }
@@ -487,7 +513,9 @@ int main(int argc, char **argv)
             continue;
         }
         const std::vector<int32_t> prefill_experts = {prefill_tokens};
-        if (!glmrt_bench_shape_run(&c, shape, only != nullptr ? prefill_experts : expert_tokens, with_high, &error)) {
+        const std::vector<int32_t> &tokens =
+            !chosen_rows.empty() ? chosen_rows : (only != nullptr ? prefill_experts : expert_tokens);
+        if (!glmrt_bench_shape_run(&c, shape, tokens, with_high, &error)) {
             return 1;
         }
     }

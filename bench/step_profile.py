@@ -142,7 +142,8 @@ def main(argv):
     largest = max(batches)
     new_tokens = len(batches) * (args.steps + 2) + 4
     pages = max(largest, args.prefill_prompts) * -(-(args.context + new_tokens + 1) // PAGE_SIZE) + 16
-    engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True, max_batch=largest,
+    engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True,
+                    max_batch=max(largest, args.prefill_prompts),
                     max_tokens_per_step=max(2048, largest), kv_page_size=PAGE_SIZE, kv_num_pages=pages,
                     matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
                     dependent_launches=args.dependent_launches, all_reduce=args.all_reduce)

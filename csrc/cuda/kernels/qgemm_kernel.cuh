@@ -228,29 +228,63 @@ __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, co
     }
 }
 
+#define GLMRT_QGEMM_EPILOGUE_CHUNK 8
+#define GLMRT_QGEMM_GATHER_CHUNK 16
+
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
 __device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, const float *result, int32_t group,
                                                    int32_t row_begin, int32_t count, int32_t row0, int lane)
 {
     typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    constexpr int chunk = shape::acc < GLMRT_QGEMM_EPILOGUE_CHUNK ? shape::acc : GLMRT_QGEMM_EPILOGUE_CHUNK;
+    constexpr int chunk_tokens = chunk / 2;
+    static_assert(shape::acc % chunk == 0 && chunk % 4 == 0, "epilogue chunks cover whole fragment quads");
     const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
+    float channel_scale[2];
+    float bias[2];
 #pragma unroll
-    for (int i = 0; i < shape::acc; ++i) {
-        const int32_t token = glmrt_qgemm_fragment_token(i, lane);
-        const int32_t n = row0 + glmrt_qgemm_fragment_row(i);
-        if (token < count && n < p.w.rows) {
-            const int64_t row = (int64_t)row_begin + token;
-            float value = result[i];
-            if (SCALE == GLMRT_CUDA_SCALE_CHANNEL) {
-                value = __fmul_rn(__fmul_rn(value, __ldg(group_scale + n)), __ldg(p.x_scales + row));
-            } else if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
-                value = __fmul_rn(value, __ldg(p.x_scales + row));
+    for (int half = 0; half < 2; ++half) {
+        const int32_t n = row0 + half * 8;
+        channel_scale[half] = SCALE == GLMRT_CUDA_SCALE_CHANNEL && n < p.w.rows ? __ldg(group_scale + n) : 1.0f;
+        bias[half] = p.bias != nullptr && n < p.w.rows ? __ldg(p.bias + n) : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < shape::acc; c += chunk) {
+        float row_scale[chunk_tokens];
+        float old[chunk];
+#pragma unroll
+        for (int t = 0; t < chunk_tokens; ++t) {
+            const int32_t token = glmrt_qgemm_fragment_token(c + (t >> 1) * 4 + (t & 1), lane);
+            row_scale[t] = SCALE != GLMRT_CUDA_SCALE_NONE && token < count ? __ldg(p.x_scales + row_begin + token)
+                                                                            : 1.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < chunk; ++j) {
+            const int32_t token = glmrt_qgemm_fragment_token(c + j, lane);
+            const int32_t n = row0 + glmrt_qgemm_fragment_row(c + j);
+            old[j] = p.accumulate && token < count && n < p.w.rows
+                         ? p.y[((int64_t)row_begin + token) * p.y_stride + n]
+                         : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < chunk; ++j) {
+            const int i = c + j;
+            const int32_t token = glmrt_qgemm_fragment_token(i, lane);
+            const int half = glmrt_qgemm_fragment_row(i) ? 1 : 0;
+            const int32_t n = row0 + half * 8;
+            if (token < count && n < p.w.rows) {
+                const float x_scale = row_scale[(j >> 2) * 2 + (j & 1)];
+                float value = result[i];
+                if (SCALE == GLMRT_CUDA_SCALE_CHANNEL) {
+                    value = __fmul_rn(__fmul_rn(value, channel_scale[half]), x_scale);
+                } else if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+                    value = __fmul_rn(value, x_scale);
+                }
+                if (p.bias != nullptr) {
+                    value = __fadd_rn(value, bias[half]);
+                }
+                p.y[((int64_t)row_begin + token) * p.y_stride + n] = p.accumulate ? __fadd_rn(old[j], value) : value;
             }
-            if (p.bias != nullptr) {
-                value = __fadd_rn(value, __ldg(p.bias + n));
-            }
-            float *out = p.y + row * p.y_stride + n;
-            *out = p.accumulate ? __fadd_rn(*out, value) : value;
         }
     }
 }
@@ -291,17 +325,22 @@ __device__ __forceinline__ bool glmrt_qgemm_gather_splits(const glmrt_qgemm_para
         return false;
     }
     __threadfence();
+    constexpr int chunk = shape::acc < GLMRT_QGEMM_GATHER_CHUNK ? shape::acc : GLMRT_QGEMM_GATHER_CHUNK;
 #pragma unroll
-    for (int i = 0; i < shape::acc; ++i) {
-        const int32_t token = glmrt_qgemm_fragment_token(i, lane);
-        const int32_t m = local_row + glmrt_qgemm_fragment_row(i);
-        if (token < count) {
-            const int32_t at = token * GLMRT_QGEMM_WEIGHT_TILE_ROWS + m;
-            float sum = __ldcg(p.partials + glmrt_qgemm_partial_slot(p, segment.tile, 0) + at);
-            for (int32_t split = 1; split < p.splits; ++split) {
-                sum = __fadd_rn(sum, __ldcg(p.partials + glmrt_qgemm_partial_slot(p, segment.tile, split) + at));
+    for (int c = 0; c < shape::acc; c += chunk) {
+        for (int32_t split = 0; split < p.splits; ++split) {
+            const float *part = p.partials + glmrt_qgemm_partial_slot(p, segment.tile, split);
+            float loaded[chunk];
+#pragma unroll
+            for (int j = 0; j < chunk; ++j) {
+                const int32_t token = glmrt_qgemm_fragment_token(c + j, lane);
+                const int32_t m = local_row + glmrt_qgemm_fragment_row(c + j);
+                loaded[j] = token < count ? __ldcg(part + token * GLMRT_QGEMM_WEIGHT_TILE_ROWS + m) : 0.0f;
             }
-            result[i] = sum;
+#pragma unroll
+            for (int j = 0; j < chunk; ++j) {
+                result[c + j] = split == 0 ? loaded[j] : __fadd_rn(result[c + j], loaded[j]);
+            }
         }
     }
     return true;
