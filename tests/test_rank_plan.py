@@ -41,6 +41,7 @@ def test_glm47_splits_into_whole_heads_experts_and_columns_over_every_supported_
     assert ranges_tile(ranks, "expert_begin", "expert_count", glm47.n_routed_experts)
     assert ranges_tile(ranks, "dense_begin", "dense_count", glm47.intermediate_size)
     assert ranges_tile(ranks, "shared_begin", "shared_count", glm47.moe_intermediate_size * glm47.n_shared_experts)
+    assert ranges_tile(ranks, "vocab_begin", "vocab_count", glm47.vocab_size)
     group = glm47.num_attention_heads // glm47.num_key_value_heads
     for rank, rank_info in enumerate(ranks):
         assert rank_info["q_head_count"] == glm47.num_attention_heads // num_devices
@@ -48,7 +49,7 @@ def test_glm47_splits_into_whole_heads_experts_and_columns_over_every_supported_
         assert rank_info["kv_head_count"] * group == rank_info["q_head_count"]
         assert rank_info["expert_count"] == glm47.n_routed_experts // num_devices
         assert rank_info["dense_count"] == glm47.intermediate_size // num_devices
-        assert (rank_info["vocab_begin"], rank_info["vocab_count"]) == ((0, glm47.vocab_size) if rank == 0 else (0, 0))
+        assert rank_info["vocab_count"] == glm47.vocab_size // num_devices
 
 
 def test_glm47_over_eight_gpus_gives_each_one_kv_head_and_twenty_experts(glm47):

@@ -158,10 +158,10 @@ static void glmrt_cuda_plan_capacity(glmrt_cuda_state *st, int32_t kv_pages)
 static glmrt_status glmrt_cuda_sort_bytes(const glmrt_cuda_state *st, size_t *out)
 {
     *out = 0;
-    if (!st->dims.has_head) {
+    if (!st->dims.samples) {
         return GLMRT_OK;
     }
-    return glmrt_cuda_sampler_sort_bytes(st->dims.max_batch, st->dims.vocab_local, out, st->error);
+    return glmrt_cuda_sampler_sort_bytes(st->dims.max_batch, st->dims.vocab, out, st->error);
 }
 
 static int64_t glmrt_cuda_page_bytes(glmrt_cuda_state *st)
@@ -235,7 +235,7 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
                                             cudaHostAllocDefault));
     GLMRT_CUDA_TRY(st->error, cudaEventCreate(&st->step_started));
     GLMRT_CUDA_TRY(st->error, cudaEventCreate(&st->step_finished));
-    if (d->has_head) {
+    if (d->samples) {
         GLMRT_TRY(glmrt_cuda_sampler_init(&st->ws.sampler, st->stream, st->error));
     }
     GLMRT_TRY(glmrt_cuda_matmuls_bind(st));

@@ -22,7 +22,10 @@ typedef struct glmrt_cuda_dims {
     int32_t hidden;
     int32_t vocab;
     int32_t vocab_local;
+    int32_t vocab_begin;
     int32_t has_head;
+    int32_t samples;
+    int32_t logits_cols;
     int32_t head_dim;
     int32_t num_q_heads;
     int32_t num_kv_heads;
@@ -74,6 +77,7 @@ typedef struct glmrt_cuda_workspace {
     float *partial_stats;
     float *sample_hidden;
     float *logits;
+    float *logits_parts;
     int32_t *sampled;
     uint8_t *step_inputs;
     uint8_t *act_rows;

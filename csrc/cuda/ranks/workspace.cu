@@ -34,7 +34,10 @@ glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_rank
     d->hidden = c->hidden_size;
     d->vocab = c->vocab_size;
     d->vocab_local = rank->vocab_rows.count;
+    d->vocab_begin = rank->vocab_rows.begin;
     d->has_head = d->vocab_local > 0;
+    d->samples = rank->index == 0;
+    d->logits_cols = d->samples ? d->vocab : d->vocab_local;
     d->head_dim = c->head_dim;
     d->num_q_heads = rank->q_heads.count;
     d->num_kv_heads = rank->kv_heads.count;
@@ -131,14 +134,17 @@ void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step
     ws->partial_out = glmrt_cuda_arena_array<float>(&arena, (int64_t)d->max_partials * d->q_width);
     ws->partial_stats = glmrt_cuda_arena_array<float>(&arena, (int64_t)d->max_partials * d->num_q_heads * 2);
     ws->sample_hidden = glmrt_cuda_arena_array<float>(&arena, b * d->hidden);
-    ws->logits = glmrt_cuda_arena_array<float>(&arena, b * d->vocab_local);
+    ws->logits = glmrt_cuda_arena_array<float>(&arena, b * d->logits_cols);
+    if (d->samples && d->vocab_local < d->vocab) {
+        ws->logits_parts = glmrt_cuda_arena_array<float>(&arena, b * (d->vocab - d->vocab_local));
+    }
     ws->sampled = glmrt_cuda_arena_array<int32_t>(&arena, b);
     ws->step_inputs = glmrt_cuda_arena_take(&arena, glmrt_cuda_step_capacity_bytes(capacity));
     glmrt_cuda_workspace_layout_activations(d, &arena, ws);
     glmrt_cuda_sampler *s = &ws->sampler;
-    int64_t cells = b * d->vocab_local;
+    int64_t cells = d->samples ? b * d->vocab : 0;
     s->max_rows = d->max_batch;
-    s->vocab_size = d->vocab_local;
+    s->vocab_size = d->samples ? d->vocab : 0;
     s->values = glmrt_cuda_arena_array<float>(&arena, cells);
     s->counts = glmrt_cuda_arena_array<int32_t>(&arena, cells);
     s->keys_in = glmrt_cuda_arena_array<uint32_t>(&arena, cells);

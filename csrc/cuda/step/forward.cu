@@ -7,6 +7,7 @@
 #include "moe.cuh"
 #include "norm.cuh"
 #include "ops.cuh"
+#include "rank_gather.cuh"
 #include "rank_reduce.cuh"
 #include "rank_state.cuh"
 #include "route_resident.cuh"
@@ -467,8 +468,23 @@ static glmrt_status glmrt_step_logits(const glmrt_step_context *step)
     target.consumer = &st->model.lm_head;
     target.operand = &glmrt_cuda_matmuls::head;
     GLMRT_TRY(glmrt_step_norm(step, &target));
+    float *slice = ws->logits + (d->samples ? d->vocab_begin : 0);
     return glmrt_step_dense_rounded(step, &st->model.lm_head, &glmrt_cuda_matmuls::head, ws->sample_hidden, d->hidden,
-                                    ws->logits, d->vocab_local, samples, nullptr, 0);
+                                    slice, d->logits_cols, samples, nullptr, 0);
+}
+
+static glmrt_status glmrt_step_gather_logits(const glmrt_step_context *step)
+{
+    glmrt_cuda_state *st = step->state;
+    GLMRT_TRY(glmrt_step_check_peers(step));
+    glmrt_cuda_logits_gather gather;
+    gather.comm = st->comm;
+    gather.rank = &st->rank;
+    gather.logits = st->ws.logits;
+    gather.parts = st->ws.logits_parts;
+    gather.rows = step->counts->num_samples;
+    gather.vocab = st->dims.vocab;
+    return glmrt_cuda_gather_logits(&gather, step->stream, step->error);
 }
 
 static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step)
@@ -486,7 +502,7 @@ static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step)
 
 static int32_t glmrt_step_samples(const glmrt_step_context *step)
 {
-    return step->state->dims.has_head ? step->counts->num_samples : 0;
+    return step->state->dims.samples ? step->counts->num_samples : 0;
 }
 
 static glmrt_status glmrt_step_body(glmrt_step_context *step)
@@ -497,10 +513,13 @@ static glmrt_status glmrt_step_body(glmrt_step_context *step)
     for (int32_t i = 0; i < st->dims.num_layers; ++i) {
         GLMRT_TRY(glmrt_layer_run(step, i));
     }
-    if (glmrt_step_samples(step) > 0) {
-        return glmrt_step_logits(step);
+    if (step->counts->num_samples <= 0) {
+        return GLMRT_OK;
     }
-    return GLMRT_OK;
+    if (st->dims.has_head) {
+        GLMRT_TRY(glmrt_step_logits(step));
+    }
+    return glmrt_step_gather_logits(step);
 }
 
 static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
@@ -611,7 +630,7 @@ glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_s
                                               cudaMemcpyDeviceToHost, st->stream));
         if (out_logits != nullptr) {
             GLMRT_CUDA_TRY(error, cudaMemcpyAsync(out_logits, st->ws.logits,
-                                                  (size_t)samples * st->dims.vocab_local * sizeof(float),
+                                                  (size_t)samples * st->dims.logits_cols * sizeof(float),
                                                   cudaMemcpyDeviceToHost, st->stream));
         }
     }
