@@ -227,27 +227,46 @@ static glmrt_status glmrt_group_load(glmrt_cuda_group *group)
     return glmrt_group_dispatch(group, &work);
 }
 
-static glmrt_status glmrt_group_all_reduce_once(glmrt_cuda_group *group, float *const *buffers, int64_t count)
+static glmrt_status glmrt_group_settle(glmrt_cuda_group *group, ncclResult_t result, ncclResult_t ended,
+                                       const char *what)
 {
     glmrt_error *error = &group->engine->error;
-    ncclResult_t result = ncclGroupStart();
-    for (int32_t r = 0; r < group->num_ranks && result == ncclSuccess; ++r) {
-        glmrt_cuda_state *st = group->ranks[r];
-        result = ncclAllReduce(buffers[r], buffers[r], (size_t)count, ncclFloat, ncclSum, st->comm, st->stream);
-    }
-    ncclResult_t ended = ncclGroupEnd();
     if (result == ncclSuccess) {
         result = ended;
     }
     if (result != ncclSuccess) {
-        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the NCCL warm-up all-reduce of %lld floats failed: %s",
-                               (long long)count, ncclGetErrorString(result));
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the NCCL warm-up %s failed: %s", what,
+                               ncclGetErrorString(result));
     }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->ranks[r]->device));
         GLMRT_CUDA_TRY(error, cudaStreamSynchronize(group->ranks[r]->stream));
     }
     return GLMRT_OK;
+}
+
+static glmrt_status glmrt_group_all_reduce_once(glmrt_cuda_group *group, float *const *buffers, int64_t count)
+{
+    ncclResult_t result = ncclGroupStart();
+    for (int32_t r = 0; r < group->num_ranks && result == ncclSuccess; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        result = ncclAllReduce(buffers[r], buffers[r], (size_t)count, ncclFloat, ncclSum, st->comm, st->stream);
+    }
+    return glmrt_group_settle(group, result, ncclGroupEnd(), "all-reduce");
+}
+
+static glmrt_status glmrt_group_gather_once(glmrt_cuda_group *group, float *const *buffers)
+{
+    glmrt_cuda_state *first = group->ranks[0];
+    ncclResult_t result = ncclGroupStart();
+    for (int32_t r = 1; r < group->num_ranks && result == ncclSuccess; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        result = ncclSend(buffers[r], 1, ncclFloat, 0, st->comm, st->stream);
+        if (result == ncclSuccess) {
+            result = ncclRecv(buffers[0] + r, 1, ncclFloat, r, first->comm, first->stream);
+        }
+    }
+    return glmrt_group_settle(group, result, ncclGroupEnd(), "gather of the logits");
 }
 
 static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
@@ -278,6 +297,9 @@ static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
     }
     if (status == GLMRT_OK) {
         status = glmrt_group_all_reduce_once(group, buffers, largest);
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_group_gather_once(group, buffers);
     }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         if (buffers[r] != nullptr) {
