@@ -5,6 +5,9 @@
 
 #define GLMRT_EMBED_THREADS 256
 #define GLMRT_ROPE_WARPS 4
+#define GLMRT_ROPE_WIDE_HEADS_PER_WARP 4
+#define GLMRT_ROPE_WIDE_MIN_TOKENS 64
+#define GLMRT_ROPE_MAX_HEAD_DIM 128
 #define GLMRT_ELEMENTWISE_THREADS 256
 
 __device__ __forceinline__ void glmrt_embed_bf16_row(const uint16_t *row, int32_t cols, float *row_out)
@@ -149,52 +152,81 @@ __device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim,
     __syncwarp();
 }
 
-__global__ void glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
+__device__ __forceinline__ void glmrt_rope_store_head(const glmrt_cuda_rope_args &args, float *head, float *source,
+                                                      int32_t h, const float *cosines, const float *sines,
+                                                      uint16_t *page_base, int32_t slot, int lane)
+{
+    const int32_t head_dim = args.kv.head_dim;
+    const int is_query = h < args.num_q_heads;
+    const int is_key = !is_query && h < args.num_q_heads + args.kv.num_kv_heads;
+    if (is_query || is_key) {
+        const float *norm = is_query ? args.q_norm : args.k_norm;
+        if (norm != nullptr) {
+            glmrt_head_rms_norm(head, norm, head_dim, args.eps, lane);
+        }
+        glmrt_head_rope(head, args.rotary_dim, cosines, sines, lane);
+    }
+    if (is_query) {
+        for (int32_t i = lane; i < head_dim; i += 32) {
+            source[i] = head[i];
+        }
+        return;
+    }
+    const int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
+    uint16_t *target = page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
+                       (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * head_dim;
+    for (int32_t i = lane; i < head_dim; i += 32) {
+        target[i] = glmrt_float_to_bf16_bits(head[i]);
+    }
+}
+
+template <int HEADS_PER_WARP>
+__global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_store_kernel(glmrt_cuda_rope_args args)
 {
     glmrt_dependent_enter();
     extern __shared__ float rope_shared[];
-    int lane = threadIdx.x & 31;
-    int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const int32_t token = blockIdx.x;
-    const int32_t h = (int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp;
     const int32_t head_dim = args.kv.head_dim;
-    float *head = rope_shared + warp * head_dim;
-    float *cosines = rope_shared + GLMRT_ROPE_WARPS * head_dim;
+    const int32_t first_head = ((int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp) * HEADS_PER_WARP;
+    float *heads = rope_shared + warp * HEADS_PER_WARP * head_dim;
+    float *cosines = rope_shared + GLMRT_ROPE_WARPS * HEADS_PER_WARP * head_dim;
     float *sines = cosines + args.rotary_dim / 2;
     float *row = args.qkv + (int64_t)token * args.qkv_stride;
+    const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
+    float values[HEADS_PER_WARP][GLMRT_ROPE_MAX_HEAD_DIM / 32];
+#pragma unroll
+    for (int k = 0; k < HEADS_PER_WARP; ++k) {
+#pragma unroll
+        for (int v = 0; v < GLMRT_ROPE_MAX_HEAD_DIM / 32; ++v) {
+            const int32_t i = lane + 32 * v;
+            values[k][v] = first_head + k < num_heads && i < head_dim ? row[(int64_t)(first_head + k) * head_dim + i]
+                                                                      : 0.0f;
+        }
+    }
     const int32_t position = args.positions[token];
     glmrt_rope_angles(cosines, sines, args.rotary_dim, args.theta, position);
+#pragma unroll
+    for (int k = 0; k < HEADS_PER_WARP; ++k) {
+#pragma unroll
+        for (int v = 0; v < GLMRT_ROPE_MAX_HEAD_DIM / 32; ++v) {
+            const int32_t i = lane + 32 * v;
+            if (i < head_dim) {
+                heads[k * head_dim + i] = values[k][v];
+            }
+        }
+    }
+    __syncwarp();
     const int32_t seq = args.token_seq[token];
     const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
     const int32_t slot = position % args.kv.page_size;
     uint16_t *page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
-    const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
-    if (h < num_heads) {
-        float *source = row + (int64_t)h * head_dim;
-        for (int32_t i = lane; i < head_dim; i += 32) {
-            head[i] = source[i];
-        }
-        __syncwarp();
-        int is_query = h < args.num_q_heads;
-        int is_key = !is_query && h < args.num_q_heads + args.kv.num_kv_heads;
-        if (is_query || is_key) {
-            const float *norm = is_query ? args.q_norm : args.k_norm;
-            if (norm != nullptr) {
-                glmrt_head_rms_norm(head, norm, head_dim, args.eps, lane);
-            }
-            glmrt_head_rope(head, args.rotary_dim, cosines, sines, lane);
-        }
-        if (is_query) {
-            for (int32_t i = lane; i < head_dim; i += 32) {
-                source[i] = head[i];
-            }
-        } else {
-            int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
-            uint16_t *target = page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
-                               (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * head_dim;
-            for (int32_t i = lane; i < head_dim; i += 32) {
-                target[i] = glmrt_float_to_bf16_bits(head[i]);
-            }
+    for (int k = 0; k < HEADS_PER_WARP; ++k) {
+        const int32_t h = first_head + k;
+        if (h < num_heads) {
+            glmrt_rope_store_head(args, heads + k * head_dim, row + (int64_t)h * head_dim, h, cosines, sines,
+                                  page_base, slot, lane);
         }
     }
 }
@@ -204,11 +236,21 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
     if (args->num_tokens <= 0) {
         return GLMRT_OK;
     }
-    size_t shared = ((size_t)GLMRT_ROPE_WARPS * args->kv.head_dim + 2 * (size_t)(args->rotary_dim / 2)) * sizeof(float);
+    const int32_t head_dim = args->kv.head_dim;
+    if (head_dim <= 0 || head_dim > GLMRT_ROPE_MAX_HEAD_DIM || head_dim % 32 != 0 || args->rotary_dim > head_dim) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "rotary embedding over heads of %d dimensions (rotary %d) needs a multiple of 32 up to %d",
+                               head_dim, args->rotary_dim, GLMRT_ROPE_MAX_HEAD_DIM);
+    }
+    const int wide = args->num_tokens >= GLMRT_ROPE_WIDE_MIN_TOKENS;
+    const int32_t block_heads = GLMRT_ROPE_WARPS * (wide ? GLMRT_ROPE_WIDE_HEADS_PER_WARP : 1);
+    size_t shared = ((size_t)block_heads * head_dim + 2 * (size_t)(args->rotary_dim / 2)) * sizeof(float);
     int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;
-    dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, GLMRT_ROPE_WARPS));
+    dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, block_heads));
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ROPE_WARPS * 32, shared, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_qk_rope_store_kernel, *args));
+    void (*kernel)(glmrt_cuda_rope_args) =
+        wide ? glmrt_qk_rope_store_kernel<GLMRT_ROPE_WIDE_HEADS_PER_WARP> : glmrt_qk_rope_store_kernel<1>;
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
     return GLMRT_OK;
 }
