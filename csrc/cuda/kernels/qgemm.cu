@@ -42,7 +42,7 @@ int32_t glmrt_cuda_qgemm_operand_kind(const glmrt_cuda_matrix *w)
 
 int32_t glmrt_cuda_qgemm_splits_for(int32_t weight_tiles, int32_t k_blocks, int32_t num_sms)
 {
-    int32_t splits = glmrt_ceil_div(GLMRT_QGEMM_CTAS_PER_SM_TARGET * (num_sms > 0 ? num_sms : 1), weight_tiles);
+    int32_t splits = GLMRT_QGEMM_CTAS_PER_SM_TARGET * (num_sms > 0 ? num_sms : 1) / weight_tiles;
     const int32_t most = k_blocks / GLMRT_QGEMM_MIN_SPLIT_K_BLOCKS;
     if (splits > most) {
         splits = most;
