@@ -292,3 +292,16 @@ def test_server_all_reduce_option_reaches_the_engine_arguments():
     assert engine_kwargs(server_parser().parse_args(["--all-reduce", "peer"]))["all_reduce"] == "peer"
     with pytest.raises(SystemExit):
         server_parser().parse_args(["--all-reduce", "ring"])
+
+
+def test_server_step_budget_defaults_by_backend_and_keeps_a_given_value():
+    from glmrt.serve.options import engine_kwargs, server_parser
+
+    def step_tokens(argv):
+        return engine_kwargs(server_parser().parse_args(argv))["max_tokens_per_step"]
+
+    assert step_tokens([]) == 256
+    assert step_tokens(["--backend", "cuda"]) == 2048
+    assert step_tokens(["--backend", "cuda", "--max-batch", "4096"]) == 4096
+    assert step_tokens(["--backend", "cpu", "--max-batch", "512"]) == 512
+    assert step_tokens(["--backend", "cuda", "--max-tokens-per-step", "300"]) == 300

@@ -1,6 +1,7 @@
 import argparse
 
 DEFAULT_MAX_BATCH = 32
+DEFAULT_STEP_TOKENS = {"cpu": 256, "cuda": 2048}
 
 
 def port_number(text):
@@ -49,8 +50,10 @@ def add_engine_options(parser):
                             "and shared expert columns split; routed experts spread)")
     group.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH,
                        help="most requests in one engine step")
-    group.add_argument("--max-tokens-per-step", type=positive_int, default=256,
-                       help="token budget of one step (decode tokens plus prefill chunks)")
+    group.add_argument("--max-tokens-per-step", type=positive_int, default=None,
+                       help="token budget of one step (decode tokens plus prefill chunks); default 256 on cpu and "
+                            "2048 on cuda, at least --max-batch (a MoE prefill step reads every expert's weights, so "
+                            "a larger step serves more prompt tokens for the same bytes)")
     group.add_argument("--kv-pages", type=non_negative_int, default=None,
                        help="KV cache pages in the pool (default: 1024 on cpu; on cuda as many as "
                             "--kv-memory-fraction of free device memory holds)")
@@ -150,9 +153,15 @@ def resolve_client_limit(args, max_concurrent):
     return args.max_active_per_client if args.max_active_per_client is not None else 2 * max_concurrent
 
 
+def resolve_step_tokens(args):
+    if args.max_tokens_per_step is not None:
+        return args.max_tokens_per_step
+    return max(DEFAULT_STEP_TOKENS[args.backend], args.max_batch)
+
+
 def engine_kwargs(args):
     kwargs = dict(backend=args.backend, num_threads=args.threads, max_batch=args.max_batch,
-                  max_tokens_per_step=args.max_tokens_per_step, kv_page_size=args.kv_page_size,
+                  max_tokens_per_step=resolve_step_tokens(args), kv_page_size=args.kv_page_size,
                   max_context=args.max_context, device_id=args.device_id, num_devices=args.num_devices,
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
                   num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
