@@ -54,17 +54,6 @@ __device__ __forceinline__ bool glmrt_resident_last_block(int32_t *arrivals)
     return true;
 }
 
-__device__ __forceinline__ void glmrt_resident_stage_rows(float (*rows)[GLMRT_ROUTE_RESIDENT_COLS], const float *x,
-                                                          int64_t x_stride, int32_t count, int32_t cols)
-{
-    const int32_t quads = cols / 4;
-    for (int32_t i = (int32_t)threadIdx.x; i < count * quads; i += (int32_t)blockDim.x) {
-        const int32_t t = i / quads;
-        const int32_t q = i - t * quads;
-        *reinterpret_cast<float4 *>(&rows[t][4 * q]) = *reinterpret_cast<const float4 *>(x + (int64_t)t * x_stride + 4 * q);
-    }
-}
-
 template <int FORMAT, bool ROUTE>
 __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
     glmrt_route_resident_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens,
@@ -79,7 +68,7 @@ __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
     float4 weights[GLMRT_ROUTE_RESIDENT_STEPS];
     glmrt_resident_weights<FORMAT>(weights, w.data + (int64_t)min(expert, w.rows - 1) * row_bytes, w.cols, lane);
     glmrt_dependent_enter();
-    glmrt_resident_stage_rows(rows, x, x_stride, num_tokens, w.cols);
+    glmrt_router_stage_rows<1>(&rows[0][0], GLMRT_ROUTE_RESIDENT_COLS, x, x_stride, num_tokens, w.cols);
     __syncthreads();
     for (int32_t t = 0; t < num_tokens; ++t) {
         const float logit = glmrt_resident_dot(weights, rows[t], w.cols, lane);
@@ -110,14 +99,12 @@ static glmrt_status glmrt_route_resident_launch(const glmrt_cuda_matrix *w, cons
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config =
         glmrt_dependent_config(&dependent, grid, GLMRT_ROUTE_RESIDENT_WARPS * 32, 0, stream);
-    if (w->format == GLMRT_CUDA_FORMAT_F32) {
-        GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_F32, ROUTE>, *w,
-                                                 x, x_stride, num_tokens, logits, logits_stride, route, dispatch,
-                                                 arrivals));
-        return GLMRT_OK;
-    }
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_BF16, ROUTE>, *w, x,
-                                             x_stride, num_tokens, logits, logits_stride, route, dispatch, arrivals));
+    void (*kernel)(glmrt_cuda_matrix, const float *, int64_t, int32_t, float *, int64_t, glmrt_cuda_route_args,
+                   glmrt_cuda_dispatch_args, int32_t *) =
+        w->format == GLMRT_CUDA_FORMAT_F32 ? glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_F32, ROUTE>
+                                           : glmrt_route_resident_kernel<GLMRT_CUDA_FORMAT_BF16, ROUTE>;
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride, route,
+                                             dispatch, arrivals));
     return GLMRT_OK;
 }
 

@@ -67,18 +67,12 @@ __global__ void __launch_bounds__(TILE::warps * 32)
     }
     for (int32_t base = 0; base < w.cols; base += TILE::chunk) {
         const int32_t width = min(TILE::chunk, w.cols - base);
-        const int32_t quads = width / 4;
         if (base > 0) {
             glmrt_router_chunk_weights<FORMAT, TILE>(weights, rows, base, width, lane);
         }
         __syncthreads();
-#pragma unroll 8
-        for (int32_t i = (int32_t)threadIdx.x; i < tokens * quads; i += (int32_t)blockDim.x) {
-            const int32_t t = i / quads;
-            const int32_t q = i - t * quads;
-            *reinterpret_cast<float4 *>(&tile[t][4 * q]) =
-                *reinterpret_cast<const float4 *>(x + (int64_t)(first_token + t) * x_stride + base + 4 * q);
-        }
+        glmrt_router_stage_rows<8>(&tile[0][0], TILE::chunk, x + (int64_t)first_token * x_stride + base, x_stride, tokens,
+                                width);
         __syncthreads();
 #pragma unroll
         for (int s = 0; s < TILE::steps; ++s) {

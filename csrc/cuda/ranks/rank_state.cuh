@@ -22,7 +22,6 @@ typedef struct glmrt_cuda_dims {
     int32_t hidden;
     int32_t vocab;
     int32_t vocab_local;
-    int32_t vocab_begin;
     int32_t has_head;
     int32_t samples;
     int32_t logits_cols;

@@ -34,7 +34,6 @@ glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_rank
     d->hidden = c->hidden_size;
     d->vocab = c->vocab_size;
     d->vocab_local = rank->vocab_rows.count;
-    d->vocab_begin = rank->vocab_rows.begin;
     d->has_head = d->vocab_local > 0;
     d->samples = rank->index == 0;
     d->logits_cols = d->samples ? d->vocab : d->vocab_local;

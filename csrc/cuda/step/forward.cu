@@ -468,7 +468,7 @@ static glmrt_status glmrt_step_logits(const glmrt_step_context *step)
     target.consumer = &st->model.lm_head;
     target.operand = &glmrt_cuda_matmuls::head;
     GLMRT_TRY(glmrt_step_norm(step, &target));
-    float *slice = ws->logits + (d->samples ? d->vocab_begin : 0);
+    float *slice = ws->logits + (d->samples ? st->rank.vocab_rows.begin : 0);
     return glmrt_step_dense_rounded(step, &st->model.lm_head, &glmrt_cuda_matmuls::head, ws->sample_hidden, d->hidden,
                                     slice, d->logits_cols, samples, nullptr, 0);
 }
