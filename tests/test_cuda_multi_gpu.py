@@ -1,7 +1,9 @@
+import subprocess
+
 import numpy as np
 import pytest
 from engine_support import build_test_model, greedy, prompt_of_length, run_to_completion
-from test_cuda_backend import (BATCH_PARAMS, ENGINE_OPTIONS, NATIVE_FP8_MEDIAN_RELATIVE_L2, TIE_MARGIN,
+from test_cuda_backend import (BATCH_PARAMS, BUILD_DIR, ENGINE_OPTIONS, NATIVE_FP8_MEDIAN_RELATIVE_L2, TIE_MARGIN,
                                WEIGHT_FORMATS, assert_equal_decode_rows, check_batched_requests_equal_solo_requests,
                                check_greedy_tokens_follow_until_a_near_tie,
                                check_server_streams_offline_engine_tokens, cpu_precision_matching,
@@ -107,8 +109,8 @@ def test_split_decode_graphs_equal_direct_launches_bit_for_bit(num_devices):
 @pytest.mark.parametrize("num_devices", splits_available())
 def test_peer_all_reduce_computes_what_nccl_computes(num_devices):
     model_dir = wide_model("fp8-block")
-    with Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as nccl, \
-            Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as peer:
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="nccl", **ENGINE_OPTIONS) as nccl, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as peer:
         assert peer.info().workspace_bytes > nccl.info().workspace_bytes
         for prompt in prompts_for(peer):
             expected, actual = first_logits(nccl, prompt), first_logits(peer, prompt)
@@ -123,6 +125,20 @@ def test_peer_all_reduce_computes_what_nccl_computes(num_devices):
             peer_tokens, _ = greedy_with_logits(peer, prompt, 12)
             index, margin = first_divergence_margin(tokens, rows, peer_tokens)
             assert margin <= TIE_MARGIN, f"diverged at token {index} where the NCCL margin was {margin}"
+
+
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_devices):
+    binary = BUILD_DIR / "allreduce_bench"
+    if not binary.exists():
+        pytest.skip(f"{binary} is not built")
+    result = subprocess.run([str(binary), str(num_devices)], capture_output=True, text=True, timeout=300)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = [line for line in result.stdout.splitlines() if line.startswith("check over")]
+    assert len(checks) == 4
+    for line in checks:
+        assert "every GPU's sum has the same bits, one-shot and two-shot have the same bits" in line, line
 
 
 @pytest.mark.parametrize("num_devices", splits_available())

@@ -139,7 +139,7 @@ class Engine:
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
                  matmul_precision="default", decode_graphs=True,
-                 dependent_launches=True, all_reduce="nccl"):
+                 dependent_launches=True, all_reduce="peer"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if matmul_precision not in MATMUL_PRECISIONS:

@@ -79,10 +79,11 @@ def add_engine_options(parser):
     group.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                        help="let each CUDA kernel start while the one before it finishes (programmatic dependent "
                             "launch; on by default)")
-    group.add_argument("--all-reduce", choices=("nccl", "peer"), default="nccl",
-                       help="how the GPUs of a split model sum their partial hidden states: nccl, or peer (a one-shot "
-                            "sum in which each GPU reads the others' partials over NVLink for steps of up to 128 "
-                            "tokens, NCCL for longer ones)")
+    group.add_argument("--all-reduce", choices=("nccl", "peer"), default="peer",
+                       help="how the GPUs of a split model sum their partial hidden states: peer (the default: "
+                            "each GPU reads the others' partials over NVLink and adds them in GPU order, so a row's "
+                            "sum never depends on the step's length), or nccl (NCCL's all-reduce, for GPUs that "
+                            "cannot read each other's memory)")
     return group
 
 

@@ -5,8 +5,12 @@
 #include "peer_reduce.cuh"
 
 #define GLMRT_PEER_ABORT_POLL 1024u
-#define GLMRT_PEER_CHECK_FLOATS (8 * GLMRT_PEER_REDUCE_BLOCKS)
+#define GLMRT_PEER_CHECK_FLOATS (8 * GLMRT_PEER_REDUCE_MAX_BLOCKS)
 #define GLMRT_PEER_CHECK_SECONDS 20
+#define GLMRT_PEER_SIGNAL_SETS 2
+#define GLMRT_PEER_AFTER_SEND 0
+#define GLMRT_PEER_AFTER_SUM 1
+#define GLMRT_PEER_COPY_UNROLL 4
 
 typedef struct glmrt_peer_reduce_args {
     float4 *x;
@@ -15,12 +19,17 @@ typedef struct glmrt_peer_reduce_args {
     float *own_staging;
     unsigned long long *own_signals;
     unsigned long long *epochs;
-    const float *peer_staging[GLMRT_MAX_DEVICES];
+    float *peer_staging[GLMRT_MAX_DEVICES];
     unsigned long long *peer_signals[GLMRT_MAX_DEVICES];
     const volatile int32_t *abort_flag;
     int32_t rank;
     int32_t num_ranks;
 } glmrt_peer_reduce_args;
+
+typedef struct glmrt_peer_span {
+    int64_t begin;
+    int64_t end;
+} glmrt_peer_span;
 
 static __device__ __forceinline__ void glmrt_store_release_system(unsigned long long *slot, unsigned long long value)
 {
@@ -34,22 +43,63 @@ static __device__ __forceinline__ unsigned long long glmrt_load_acquire_system(c
     return value;
 }
 
-static __device__ int glmrt_peer_wait_all(const glmrt_peer_reduce_args &a, int32_t block, unsigned long long epoch)
+static __device__ __forceinline__ int64_t glmrt_peer_slot(int32_t set, int32_t rank, int32_t block)
 {
-    for (int32_t p = 0; p < a.num_ranks; ++p) {
-        if (p == a.rank) {
-            continue;
-        }
-        const unsigned long long *slot = a.own_signals + (int64_t)p * GLMRT_PEER_REDUCE_BLOCKS + block;
-        uint32_t spins = 0;
-        while (glmrt_load_acquire_system(slot) < epoch) {
-            spins += 1;
-            if (spins % GLMRT_PEER_ABORT_POLL == 0 && *a.abort_flag != 0) {
-                return 1;
-            }
+    return ((int64_t)set * GLMRT_MAX_DEVICES + rank) * GLMRT_PEER_REDUCE_MAX_BLOCKS + block;
+}
+
+static __device__ int glmrt_peer_wait_for(const glmrt_peer_reduce_args &a, const unsigned long long *slot,
+                                          unsigned long long epoch)
+{
+    uint32_t spins = 0;
+    while (glmrt_load_acquire_system(slot) < epoch) {
+        spins += 1;
+        if (spins % GLMRT_PEER_ABORT_POLL == 0 && *a.abort_flag != 0) {
+            return 1;
         }
     }
     return 0;
+}
+
+static __device__ int glmrt_peer_barrier(const glmrt_peer_reduce_args &a, int32_t set, unsigned long long epoch)
+{
+    const int32_t block = (int32_t)blockIdx.x;
+    const int32_t peer = (int32_t)threadIdx.x;
+    __syncthreads();
+    int aborted = 0;
+    if (peer < a.num_ranks && peer != a.rank) {
+        glmrt_store_release_system(a.peer_signals[peer] + glmrt_peer_slot(set, a.rank, block), epoch);
+        aborted = glmrt_peer_wait_for(a, a.own_signals + glmrt_peer_slot(set, peer, block), epoch);
+    }
+    return __syncthreads_or(aborted);
+}
+
+static __device__ unsigned long long glmrt_peer_next_epoch(const glmrt_peer_reduce_args &a)
+{
+    __shared__ unsigned long long shared_epoch;
+    if (threadIdx.x == 0) {
+        shared_epoch = a.epochs[blockIdx.x] + 1ull;
+        a.epochs[blockIdx.x] = shared_epoch;
+    }
+    __syncthreads();
+    return shared_epoch;
+}
+
+static __device__ __forceinline__ glmrt_peer_span glmrt_peer_block_part(int64_t begin, int64_t end)
+{
+    const int64_t per_block = (end - begin + gridDim.x - 1) / gridDim.x;
+    glmrt_peer_span part;
+    part.begin = begin + (int64_t)blockIdx.x * per_block;
+    part.end = part.begin + per_block < end ? part.begin + per_block : end;
+    part.begin = part.begin < end ? part.begin : end;
+    return part;
+}
+
+static __device__ __forceinline__ glmrt_peer_span glmrt_peer_slice_part(const glmrt_peer_reduce_args &a, int32_t slice)
+{
+    const int64_t begin = a.count4 * slice / a.num_ranks;
+    const int64_t end = a.count4 * (slice + 1) / a.num_ranks;
+    return glmrt_peer_block_part(begin, end);
 }
 
 static __device__ __forceinline__ void glmrt_float4_add(float4 &sum, const float4 &v)
@@ -60,53 +110,127 @@ static __device__ __forceinline__ void glmrt_float4_add(float4 &sum, const float
     sum.w += v.w;
 }
 
-__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_all_reduce_kernel(glmrt_peer_reduce_args a)
+static __device__ __forceinline__ int64_t glmrt_peer_slot_offset(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                  int32_t sender)
 {
-    __shared__ unsigned long long shared_epoch;
-    __shared__ int shared_aborted;
-    const int32_t block = (int32_t)blockIdx.x;
-    if (threadIdx.x == 0) {
-        shared_epoch = a.epochs[block] + 1ull;
-        a.epochs[block] = shared_epoch;
-    }
-    __syncthreads();
-    const unsigned long long epoch = shared_epoch;
-    const int64_t half = (int64_t)(epoch & 1ull) * a.capacity;
-    const int64_t per_block = (a.count4 + gridDim.x - 1) / gridDim.x;
-    const int64_t begin = (int64_t)block * per_block;
-    const int64_t end = begin + per_block < a.count4 ? begin + per_block : a.count4;
-    float4 *own = reinterpret_cast<float4 *>(a.own_staging + half);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        own[i] = a.x[i];
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int32_t p = 0; p < a.num_ranks; ++p) {
-            if (p != a.rank) {
-                glmrt_store_release_system(a.peer_signals[p] + (int64_t)a.rank * GLMRT_PEER_REDUCE_BLOCKS + block,
-                                           epoch);
-            }
+    return (half * a.num_ranks + sender) * a.capacity;
+}
+
+static __device__ __forceinline__ float4 *glmrt_peer_inbox(const glmrt_peer_reduce_args &a, int32_t receiver,
+                                                           int64_t half, int32_t sender)
+{
+    return reinterpret_cast<float4 *>(a.peer_staging[receiver] + glmrt_peer_slot_offset(a, half, sender));
+}
+
+static __device__ __forceinline__ const float4 *glmrt_peer_own_inbox(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                     int32_t sender)
+{
+    return reinterpret_cast<const float4 *>(a.own_staging + glmrt_peer_slot_offset(a, half, sender));
+}
+
+static __device__ __forceinline__ float4 glmrt_peer_ordered_sum(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                int64_t i)
+{
+    float4 values[GLMRT_MAX_DEVICES];
+#pragma unroll
+    for (int32_t p = 0; p < GLMRT_MAX_DEVICES; ++p) {
+        if (p < a.num_ranks) {
+            values[p] = p == a.rank ? a.x[i] : __ldcg(glmrt_peer_own_inbox(a, half, p) + i);
         }
-        shared_aborted = glmrt_peer_wait_all(a, block, epoch);
     }
-    __syncthreads();
-    if (shared_aborted) {
+    float4 sum = values[0];
+#pragma unroll
+    for (int32_t p = 1; p < GLMRT_MAX_DEVICES; ++p) {
+        if (p < a.num_ranks) {
+            glmrt_float4_add(sum, values[p]);
+        }
+    }
+    return sum;
+}
+
+static __device__ __forceinline__ void glmrt_peer_send_to_others(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                 int64_t i, const float4 &value)
+{
+#pragma unroll
+    for (int32_t q = 0; q < GLMRT_MAX_DEVICES; ++q) {
+        if (q < a.num_ranks && q != a.rank) {
+            glmrt_peer_inbox(a, q, half, a.rank)[i] = value;
+        }
+    }
+}
+
+static __device__ __forceinline__ void glmrt_peer_copy_part(float4 *target, const float4 *source, glmrt_peer_span part)
+{
+    const int64_t stride = blockDim.x;
+    int64_t i = part.begin + threadIdx.x;
+    for (; i + (GLMRT_PEER_COPY_UNROLL - 1) * stride < part.end; i += GLMRT_PEER_COPY_UNROLL * stride) {
+        float4 values[GLMRT_PEER_COPY_UNROLL];
+#pragma unroll
+        for (int32_t u = 0; u < GLMRT_PEER_COPY_UNROLL; ++u) {
+            values[u] = __ldcg(source + i + u * stride);
+        }
+#pragma unroll
+        for (int32_t u = 0; u < GLMRT_PEER_COPY_UNROLL; ++u) {
+            target[i + u * stride] = values[u];
+        }
+    }
+    for (; i < part.end; i += stride) {
+        target[i] = __ldcg(source + i);
+    }
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_one_shot_kernel(glmrt_peer_reduce_args a)
+{
+    const unsigned long long epoch = glmrt_peer_next_epoch(a);
+    const int64_t half = (int64_t)(epoch & 1ull);
+    const glmrt_peer_span part = glmrt_peer_block_part(0, a.count4);
+    for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
+        glmrt_peer_send_to_others(a, half, i, a.x[i]);
+    }
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
         return;
     }
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int32_t p = 0; p < a.num_ranks; ++p) {
-            const float4 value = p == a.rank ? a.x[i]
-                                             : __ldcv(reinterpret_cast<const float4 *>(a.peer_staging[p] + half) + i);
-            if (p == 0) {
-                sum = value;
-            } else {
-                glmrt_float4_add(sum, value);
-            }
-        }
-        a.x[i] = sum;
+    for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
+        a.x[i] = glmrt_peer_ordered_sum(a, half, i);
     }
+}
+
+static __device__ void glmrt_peer_send_slices(const glmrt_peer_reduce_args &a, int64_t half)
+{
+    for (int32_t s = 0; s < a.num_ranks; ++s) {
+        if (s != a.rank) {
+            glmrt_peer_copy_part(glmrt_peer_inbox(a, s, half, a.rank), a.x, glmrt_peer_slice_part(a, s));
+        }
+    }
+}
+
+static __device__ void glmrt_peer_take_slices(const glmrt_peer_reduce_args &a, int64_t half)
+{
+    for (int32_t s = 0; s < a.num_ranks; ++s) {
+        if (s != a.rank) {
+            glmrt_peer_copy_part(a.x, glmrt_peer_own_inbox(a, half, s), glmrt_peer_slice_part(a, s));
+        }
+    }
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_two_shot_kernel(glmrt_peer_reduce_args a)
+{
+    const unsigned long long epoch = glmrt_peer_next_epoch(a);
+    const int64_t half = (int64_t)(epoch & 1ull);
+    glmrt_peer_send_slices(a, half);
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
+        return;
+    }
+    const glmrt_peer_span mine = glmrt_peer_slice_part(a, a.rank);
+    for (int64_t i = mine.begin + threadIdx.x; i < mine.end; i += blockDim.x) {
+        const float4 sum = glmrt_peer_ordered_sum(a, half, i);
+        a.x[i] = sum;
+        glmrt_peer_send_to_others(a, half, i, sum);
+    }
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SUM, epoch)) {
+        return;
+    }
+    glmrt_peer_take_slices(a, half);
 }
 
 static glmrt_status glmrt_peer_enable_access(const glmrt_cuda_peer_group *group, glmrt_error *error)
@@ -121,7 +245,7 @@ static glmrt_status glmrt_peer_enable_access(const glmrt_cuda_peer_group *group,
             GLMRT_CUDA_TRY(error, cudaDeviceCanAccessPeer(&reachable, group->devices[r], group->devices[p]));
             if (!reachable) {
                 return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
-                                       "all_reduce peer needs device %d to read device %d directly, which this "
+                                       "all_reduce peer needs device %d to reach the memory of device %d directly, which this "
                                        "machine does not allow; use all_reduce nccl",
                                        group->devices[r], group->devices[p]);
             }
@@ -141,9 +265,10 @@ static glmrt_status glmrt_peer_enable_access(const glmrt_cuda_peer_group *group,
 static glmrt_status glmrt_peer_allocate(glmrt_cuda_peer_reduce *peer, int32_t device, int64_t capacity,
                                         glmrt_error *error)
 {
-    int64_t staging_bytes = 2 * capacity * (int64_t)sizeof(float);
-    int64_t signal_bytes = (int64_t)GLMRT_MAX_DEVICES * GLMRT_PEER_REDUCE_BLOCKS * (int64_t)sizeof(unsigned long long);
-    int64_t epoch_bytes = (int64_t)GLMRT_PEER_REDUCE_BLOCKS * (int64_t)sizeof(unsigned long long);
+    int64_t staging_bytes = 2 * (int64_t)peer->num_ranks * capacity * (int64_t)sizeof(float);
+    int64_t signal_bytes =
+        (int64_t)GLMRT_PEER_SIGNAL_SETS * GLMRT_MAX_DEVICES * GLMRT_PEER_REDUCE_MAX_BLOCKS * (int64_t)sizeof(unsigned long long);
+    int64_t epoch_bytes = (int64_t)GLMRT_PEER_REDUCE_MAX_BLOCKS * (int64_t)sizeof(unsigned long long);
     int64_t bytes = staging_bytes + signal_bytes + epoch_bytes;
     GLMRT_CUDA_TRY(error, cudaSetDevice(device));
     cudaError_t made = cudaMalloc((void **)&peer->memory, (size_t)bytes);
@@ -164,22 +289,35 @@ static glmrt_status glmrt_peer_allocate(glmrt_cuda_peer_reduce *peer, int32_t de
     return GLMRT_OK;
 }
 
-static glmrt_status glmrt_peer_check_residency(const glmrt_cuda_peer_group *group, glmrt_error *error)
+static glmrt_status glmrt_peer_resident_blocks(int32_t device, const void *kernel, int32_t *out_blocks,
+                                               glmrt_error *error)
 {
+    int sms = 0;
+    int per_sm = 0;
+    GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    GLMRT_CUDA_TRY(error, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GLMRT_PEER_REDUCE_THREADS, 0));
+    int64_t resident = (int64_t)sms * per_sm;
+    *out_blocks = resident < *out_blocks ? (int32_t)resident : *out_blocks;
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_peer_choose_blocks(const glmrt_cuda_peer_group *group, int32_t *out_blocks,
+                                             glmrt_error *error)
+{
+    int32_t blocks = GLMRT_PEER_REDUCE_MAX_BLOCKS;
     for (int32_t r = 0; r < group->num_ranks; ++r) {
-        int sms = 0;
-        int per_sm = 0;
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
-        GLMRT_CUDA_TRY(error, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, group->devices[r]));
-        GLMRT_CUDA_TRY(error, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, glmrt_peer_all_reduce_kernel,
-                                                                            GLMRT_PEER_REDUCE_THREADS, 0));
-        if ((int64_t)sms * per_sm < GLMRT_PEER_REDUCE_BLOCKS) {
-            return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
-                                   "device %d runs %d blocks of the peer all-reduce at once, it needs %d; use "
-                                   "all_reduce nccl",
-                                   group->devices[r], sms * per_sm, GLMRT_PEER_REDUCE_BLOCKS);
-        }
+        GLMRT_TRY(glmrt_peer_resident_blocks(group->devices[r], (const void *)glmrt_peer_one_shot_kernel, &blocks,
+                                             error));
+        GLMRT_TRY(glmrt_peer_resident_blocks(group->devices[r], (const void *)glmrt_peer_two_shot_kernel, &blocks,
+                                             error));
     }
+    if (blocks < GLMRT_PEER_REDUCE_MIN_BLOCKS) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                               "the GPUs run %d blocks of the peer all-reduce at once, it needs %d; use all_reduce nccl",
+                               blocks, GLMRT_PEER_REDUCE_MIN_BLOCKS);
+    }
+    *out_blocks = blocks;
     return GLMRT_OK;
 }
 
@@ -246,7 +384,7 @@ static glmrt_status glmrt_peer_check_values(const glmrt_cuda_peer_group *group, 
 }
 
 static glmrt_status glmrt_peer_check_run(const glmrt_cuda_peer_group *group, float *const *buffers, int64_t count,
-                                         glmrt_error *error)
+                                         glmrt_peer_shots shots, glmrt_error *error)
 {
     float values[GLMRT_PEER_CHECK_FLOATS];
     for (int32_t r = 0; r < group->num_ranks; ++r) {
@@ -258,7 +396,8 @@ static glmrt_status glmrt_peer_check_run(const glmrt_cuda_peer_group *group, flo
     }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
-        GLMRT_TRY(glmrt_cuda_peer_reduce_run(group->ranks[r], buffers[r], count, group->streams[r], error));
+        GLMRT_TRY(
+            glmrt_cuda_peer_reduce_run_shots(group->ranks[r], buffers[r], count, shots, group->streams[r], error));
     }
     GLMRT_TRY(glmrt_peer_await_check(group, error));
     return glmrt_peer_check_values(group, buffers, count, error);
@@ -284,7 +423,10 @@ static glmrt_status glmrt_peer_check_sum(const glmrt_cuda_peer_group *group, glm
         }
     }
     if (status == GLMRT_OK) {
-        status = glmrt_peer_check_run(group, buffers, count, error);
+        status = glmrt_peer_check_run(group, buffers, count, GLMRT_PEER_ONE_SHOT, error);
+    }
+    if (status == GLMRT_OK) {
+        status = glmrt_peer_check_run(group, buffers, count, GLMRT_PEER_TWO_SHOT, error);
     }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         if (buffers[r] != nullptr) {
@@ -304,11 +446,13 @@ static glmrt_status glmrt_peer_connect(const glmrt_cuda_peer_group *group, glmrt
                                group->num_ranks, (long long)group->capacity);
     }
     GLMRT_TRY(glmrt_peer_enable_access(group, error));
-    GLMRT_TRY(glmrt_peer_check_residency(group, error));
+    int32_t blocks = 0;
+    GLMRT_TRY(glmrt_peer_choose_blocks(group, &blocks, error));
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         glmrt_cuda_peer_reduce *peer = group->ranks[r];
         peer->rank = r;
         peer->num_ranks = group->num_ranks;
+        peer->blocks = blocks;
         peer->abort_flag = group->abort_flag;
         GLMRT_TRY(glmrt_peer_allocate(peer, group->devices[r], group->capacity, error));
     }
@@ -352,12 +496,25 @@ int glmrt_cuda_peer_reduce_fits(const glmrt_cuda_peer_reduce *peer, int64_t coun
     return peer != nullptr && peer->num_ranks > 1 && count > 0 && count <= peer->capacity && count % 4 == 0;
 }
 
-glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
-                                        cudaStream_t stream, glmrt_error *error)
+static glmrt_peer_shots glmrt_peer_shots_for(int64_t count, glmrt_peer_shots shots)
+{
+    if (shots != GLMRT_PEER_SHOTS_BY_SIZE) {
+        return shots;
+    }
+    return count * (int64_t)sizeof(float) <= GLMRT_PEER_ONE_SHOT_MAX_BYTES ? GLMRT_PEER_ONE_SHOT : GLMRT_PEER_TWO_SHOT;
+}
+
+glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
+                                              glmrt_peer_shots shots, cudaStream_t stream, glmrt_error *error)
 {
     if ((uintptr_t)x % sizeof(float4) != 0) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "the peer all-reduce needs 16-byte aligned rows, got %p",
                                (const void *)x);
+    }
+    if (!glmrt_cuda_peer_reduce_fits(peer, count)) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "the peer all-reduce holds %lld floats in fours, asked to sum %lld",
+                               (long long)(peer == nullptr ? 0 : peer->capacity), (long long)count);
     }
     glmrt_peer_reduce_args args;
     memset(&args, 0, sizeof(args));
@@ -374,11 +531,21 @@ glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, floa
     args.abort_flag = peer->abort_flag;
     args.rank = peer->rank;
     args.num_ranks = peer->num_ranks;
-    glmrt_peer_all_reduce_kernel<<<GLMRT_PEER_REDUCE_BLOCKS, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
+    if (glmrt_peer_shots_for(count, shots) == GLMRT_PEER_ONE_SHOT) {
+        glmrt_peer_one_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
+    } else {
+        glmrt_peer_two_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
+    }
     cudaError_t launched = cudaGetLastError();
     if (launched != cudaSuccess) {
         return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the peer all-reduce of %lld floats failed to launch: %s",
                                (long long)count, cudaGetErrorString(launched));
     }
     return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
+                                        cudaStream_t stream, glmrt_error *error)
+{
+    return glmrt_cuda_peer_reduce_run_shots(peer, x, count, GLMRT_PEER_SHOTS_BY_SIZE, stream, error);
 }

@@ -9,13 +9,21 @@ extern "C" {
 #include "glmrt.h"
 }
 
-#define GLMRT_PEER_REDUCE_BLOCKS 64
+#define GLMRT_PEER_REDUCE_MAX_BLOCKS 128
+#define GLMRT_PEER_REDUCE_MIN_BLOCKS 8
 #define GLMRT_PEER_REDUCE_THREADS 256
-#define GLMRT_PEER_REDUCE_MAX_ROWS 128
+#define GLMRT_PEER_ONE_SHOT_MAX_BYTES (768 * 1024)
+
+typedef enum glmrt_peer_shots {
+    GLMRT_PEER_SHOTS_BY_SIZE = 0,
+    GLMRT_PEER_ONE_SHOT = 1,
+    GLMRT_PEER_TWO_SHOT = 2
+} glmrt_peer_shots;
 
 typedef struct glmrt_cuda_peer_reduce {
     int32_t rank;
     int32_t num_ranks;
+    int32_t blocks;
     int64_t capacity;
     int64_t bytes;
     uint8_t *memory;
@@ -41,6 +49,8 @@ glmrt_status glmrt_cuda_peer_reduce_open(glmrt_cuda_peer_group *group, int32_t *
                                          glmrt_error *error);
 void glmrt_cuda_peer_reduce_release(glmrt_cuda_peer_reduce *peer);
 int glmrt_cuda_peer_reduce_fits(const glmrt_cuda_peer_reduce *peer, int64_t count);
+glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
+                                              glmrt_peer_shots shots, cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
                                         cudaStream_t stream, glmrt_error *error);
 

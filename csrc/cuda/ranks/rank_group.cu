@@ -313,7 +313,6 @@ static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
 static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int32_t *devices)
 {
     const glmrt_cuda_dims *d = &group->ranks[0]->dims;
-    int64_t rows = d->max_tokens < GLMRT_PEER_REDUCE_MAX_ROWS ? d->max_tokens : GLMRT_PEER_REDUCE_MAX_ROWS;
     glmrt_cuda_peer_reduce *peers[GLMRT_MAX_DEVICES];
     cudaStream_t streams[GLMRT_MAX_DEVICES];
     for (int32_t r = 0; r < group->num_ranks; ++r) {
@@ -324,7 +323,7 @@ static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int
     peer_group.num_ranks = group->num_ranks;
     peer_group.devices = devices;
     peer_group.ranks = peers;
-    peer_group.capacity = rows * d->hidden;
+    peer_group.capacity = (int64_t)d->max_tokens * d->hidden;
     peer_group.streams = streams;
     return glmrt_cuda_peer_reduce_open(&peer_group, &group->peer_abort, &group->engine->error);
 }
