@@ -47,12 +47,16 @@ def samples_of(metrics):
     return parse_metric_samples(metrics.render().decode())
 
 
-async def wait_for_pages(metrics, predicate):
+async def wait_for_sample(metrics, name, predicate):
     for _ in range(500):
-        if predicate(samples_of(metrics)["glmrt:kv_pages_used"]):
+        if predicate(samples_of(metrics)[name]):
             return
         await asyncio.sleep(0.01)
     raise AssertionError(samples_of(metrics))
+
+
+async def wait_for_pages(metrics, predicate):
+    await wait_for_sample(metrics, "glmrt:kv_pages_used", predicate)
 
 
 @pytest.mark.parametrize("relaunch", (False, True))
@@ -88,7 +92,7 @@ async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_res
     thread.cancel(first.request_id)
     tokens, finish = await drain(first.queue)
     assert finish.status == "cancelled" and len(tokens) < 1499
-    assert samples_of(metrics)["glmrt:num_requests_running"] == 1
+    await wait_for_sample(metrics, "glmrt:num_requests_running", lambda running: running == 1)
     for _ in range(3):
         await asyncio.wait_for(second.queue.get(), 30)
     assert first.queue.empty()

@@ -12,7 +12,7 @@ static void glmrt_cuda_fill_info(glmrt_cuda_group *group)
         const glmrt_cuda_state *st = group->ranks[r];
         info->weight_bytes += st->weight_bytes;
         info->kv_cache_bytes += st->kv_bytes;
-        info->workspace_bytes += st->workspace_bytes + st->peer.bytes;
+        info->workspace_bytes += st->workspace_bytes + st->peer.bytes + st->ordered.bytes;
         info->kv_bytes_per_page += st->kv_bytes_per_page;
     }
     info->workspace_bytes += group->ranks[0]->step_input_bytes;

@@ -21,6 +21,7 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     }
     glmrt_cuda_decode_graphs_release(st);
     glmrt_cuda_peer_reduce_release(&st->peer);
+    glmrt_cuda_ordered_gather_release(&st->ordered);
     cudaFree(st->weight_memory);
     cudaFree(st->workspace_memory);
     cudaFree(st->kv_memory);

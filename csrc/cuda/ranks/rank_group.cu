@@ -328,6 +328,31 @@ static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int
     return glmrt_cuda_peer_reduce_open(&peer_group, &group->peer_abort, &group->engine->error);
 }
 
+static glmrt_status glmrt_group_all_gather_once(glmrt_cuda_group *group, int64_t count)
+{
+    ncclResult_t result = ncclGroupStart();
+    for (int32_t r = 0; r < group->num_ranks && result == ncclSuccess; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        result = ncclAllGather(st->ordered.rows + (int64_t)r * count, st->ordered.rows, (size_t)count, ncclFloat,
+                               st->comm, st->stream);
+    }
+    return glmrt_group_settle(group, result, ncclGroupEnd(), "all-gather");
+}
+
+static glmrt_status glmrt_group_prepare_ordered_sums(glmrt_cuda_group *group)
+{
+    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
+    int64_t capacity = (int64_t)d->max_tokens * d->hidden;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        glmrt_cuda_state *st = group->ranks[r];
+        GLMRT_TRY(glmrt_cuda_ordered_gather_allocate(&st->ordered, st->device, group->num_ranks, capacity,
+                                                     &group->engine->error));
+        GLMRT_CUDA_TRY(&group->engine->error, cudaMemset(st->ordered.rows, 0, (size_t)st->ordered.bytes));
+    }
+    GLMRT_TRY(glmrt_group_all_gather_once(group, 1));
+    return glmrt_group_all_gather_once(group, capacity);
+}
+
 static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
 {
     if (group->num_ranks == 1) {
@@ -349,6 +374,9 @@ static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
     GLMRT_TRY(glmrt_group_warm_up(group));
     if (group->engine->options.all_reduce == GLMRT_ALL_REDUCE_PEER) {
         return glmrt_group_connect_peers(group, devices);
+    }
+    if (glmrt_cuda_ordered_gather_wanted(group->engine->options.all_reduce, group->num_ranks)) {
+        return glmrt_group_prepare_ordered_sums(group);
     }
     return GLMRT_OK;
 }

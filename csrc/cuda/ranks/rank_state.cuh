@@ -7,7 +7,7 @@
 #include "attention.cuh"
 #include "device_model.cuh"
 #include "gemm.cuh"
-#include "peer_reduce.cuh"
+#include "rank_reduce.cuh"
 #include "qgemm.cuh"
 #include "sampling.cuh"
 #include "rank_plan.h"
@@ -127,6 +127,7 @@ typedef struct glmrt_cuda_state {
     int32_t owns_residual;
     ncclComm_t comm;
     glmrt_cuda_peer_reduce peer;
+    glmrt_cuda_ordered_gather ordered;
     int32_t *step_abandoned;
     int32_t *waiting_for_stream;
     int32_t num_sms;

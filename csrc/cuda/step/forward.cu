@@ -42,8 +42,8 @@ static glmrt_status glmrt_step_reduce(const glmrt_step_context *step, int32_t ro
 {
     glmrt_cuda_state *st = step->state;
     GLMRT_TRY(glmrt_step_check_peers(step));
-    return glmrt_cuda_reduce_hidden(st->comm, &st->peer, st->ws.hidden, (int64_t)rows * st->dims.hidden,
-                                    step->stream, step->error);
+    return glmrt_cuda_reduce_hidden(st->comm, &st->peer, &st->ordered, st->ws.hidden,
+                                    (int64_t)rows * st->dims.hidden, step->stream, step->error);
 }
 
 static glmrt_status glmrt_step_quantize(const glmrt_step_context *step, const glmrt_cuda_qgemm_operand *out,
