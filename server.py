@@ -9,7 +9,7 @@ from pathlib import Path
 import uvicorn
 import uvloop
 
-from glmrt.engine.engine import Engine
+from glmrt.engine.engine import Engine, all_reduce_name
 from glmrt.serve.app import ServerState, create_app
 from glmrt.serve.metrics import ServerMetrics
 from glmrt.serve.options import engine_kwargs, resolve_client_limit, resolve_serving_limits, server_parser
@@ -135,6 +135,9 @@ class GlmrtServer:
         print(f"glmrt memory plan over {info.num_devices} device(s): weights {gib(info.weight_bytes)}, "
               f"KV cache {gib(info.kv_cache_bytes)} ({info.kv_bytes_per_page} bytes a page), "
               f"workspace {gib(info.workspace_bytes)}", flush=True)
+        if info.num_devices > 1:
+            print(f"glmrt all-reduce between the {info.num_devices} GPUs: {all_reduce_name(info.all_reduce)}",
+                  flush=True)
 
     async def serve_until_stopped(self, stop_requested):
         starting = asyncio.ensure_future(self.runtime.start())

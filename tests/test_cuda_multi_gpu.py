@@ -10,6 +10,7 @@ from test_cuda_backend import (BATCH_PARAMS, BUILD_DIR, ENGINE_OPTIONS, NATIVE_F
                                cuda_device_count, cuda_ready, first_divergence_margin, greedy_with_logits,
                                native_fp8, prefill_bound, prompts_for, random_glm_dir, relative_l2)
 
+from glmrt.engine import native
 from glmrt.engine.engine import Engine
 from glmrt.engine.errors import GlmrtError
 
@@ -110,7 +111,9 @@ def test_split_decode_graphs_equal_direct_launches_bit_for_bit(num_devices):
 def test_peer_all_reduce_computes_what_nccl_computes_bit_for_bit(num_devices):
     model_dir = wide_model("fp8-block")
     with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="nccl", **ENGINE_OPTIONS) as nccl, \
-            Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as peer:
+            Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as peer:
+        assert nccl.info().all_reduce == native.ALL_REDUCE_NCCL
+        assert peer.info().all_reduce == native.ALL_REDUCE_PEER
         assert peer.info().workspace_bytes > nccl.info().workspace_bytes
         for prompt in prompts_for(peer):
             expected, actual = first_logits(nccl, prompt), first_logits(peer, prompt)
@@ -137,13 +140,17 @@ def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_dev
         assert "every GPU's sum has the same bits, one-shot and two-shot have the same bits" in line, line
 
 
-@pytest.mark.parametrize("all_reduce", ("peer", "nccl"))
+@pytest.mark.parametrize("all_reduce", ("auto", "peer", "nccl"))
 @pytest.mark.parametrize("num_devices", splits_available())
 def test_all_reduces_keep_batched_equal_to_solo_and_graphs_equal_to_direct(num_devices, all_reduce):
     model_dir = wide_model("fp8-block")
     with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce=all_reduce, **ENGINE_OPTIONS) as graphs, \
             Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce=all_reduce, decode_graphs=False,
                    **ENGINE_OPTIONS) as direct:
+        chosen = {"peer": {native.ALL_REDUCE_PEER}, "nccl": {native.ALL_REDUCE_NCCL},
+                  "auto": {native.ALL_REDUCE_PEER, native.ALL_REDUCE_NCCL}}[all_reduce]
+        assert graphs.info().all_reduce in chosen
+        assert direct.info().all_reduce == graphs.info().all_reduce
         check_batched_requests_equal_solo_requests(graphs, BATCH_PARAMS[0])
         assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
 
@@ -211,6 +218,7 @@ def test_split_errors_are_reported_before_any_gpu_work():
 def test_server_over_two_gpus_streams_the_offline_engine_tokens(tmp_path):
     stdout = check_server_streams_offline_engine_tokens(tmp_path, num_devices=2)
     assert "over 2 device(s)" in stdout
+    assert "all-reduce between the 2 GPUs: peer" in stdout or "all-reduce between the 2 GPUs: nccl" in stdout
 
 
 @pytest.mark.parametrize("all_reduce", ("nccl", "peer"))

@@ -270,26 +270,30 @@ def test_launch_option_out_of_range_is_refused_with_its_name(model_dir, field):
 
 def test_all_reduce_out_of_range_is_refused_with_its_choices(model_dir):
     default, status, handle, message = create_with_option(model_dir, "all_reduce", 7)
-    assert default == native.ALL_REDUCE_PEER
+    assert default == native.ALL_REDUCE_AUTO
     assert status == native.STATUS_INVALID_ARGUMENT
     assert not handle
-    assert message == "all_reduce must be 0 (nccl) or 1 (peer), got 7"
+    assert message == "all_reduce must be 0 (nccl), 1 (peer) or 2 (auto), got 7"
 
 
 def test_all_reduce_names_are_checked_before_the_library_is_asked(model_dir):
     from glmrt.engine.engine import Engine
 
-    with pytest.raises(ValueError, match="all_reduce must be one of \\['nccl', 'peer'\\], got 'ring'"):
+    with pytest.raises(ValueError, match="all_reduce must be one of \\['auto', 'nccl', 'peer'\\], got 'ring'"):
         Engine(model_dir, all_reduce="ring")
-    with open_engine(model_dir, all_reduce="nccl") as engine:
-        assert engine.info().num_devices == 1
+    for name in ("nccl", "peer", "auto"):
+        with open_engine(model_dir, all_reduce=name) as engine:
+            info = engine.info()
+            assert info.num_devices == 1
+            assert info.all_reduce == native.ALL_REDUCE_NONE
 
 
 def test_server_all_reduce_option_reaches_the_engine_arguments():
     from glmrt.serve.options import engine_kwargs, server_parser
 
-    assert engine_kwargs(server_parser().parse_args([]))["all_reduce"] == "peer"
+    assert engine_kwargs(server_parser().parse_args([]))["all_reduce"] == "auto"
     assert engine_kwargs(server_parser().parse_args(["--all-reduce", "nccl"]))["all_reduce"] == "nccl"
+    assert engine_kwargs(server_parser().parse_args(["--all-reduce", "peer"]))["all_reduce"] == "peer"
     with pytest.raises(SystemExit):
         server_parser().parse_args(["--all-reduce", "ring"])
 

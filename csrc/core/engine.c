@@ -55,9 +55,11 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
                                "dependent_launches must be %d (default) or %d (off), got %d",
                                GLMRT_DEPENDENT_LAUNCHES_DEFAULT, GLMRT_DEPENDENT_LAUNCHES_OFF, o->dependent_launches);
     }
-    if (o->all_reduce != GLMRT_ALL_REDUCE_NCCL && o->all_reduce != GLMRT_ALL_REDUCE_PEER) {
-        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "all_reduce must be %d (nccl) or %d (peer), got %d",
-                               GLMRT_ALL_REDUCE_NCCL, GLMRT_ALL_REDUCE_PEER, o->all_reduce);
+    if (o->all_reduce != GLMRT_ALL_REDUCE_NCCL && o->all_reduce != GLMRT_ALL_REDUCE_PEER &&
+        o->all_reduce != GLMRT_ALL_REDUCE_AUTO) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "all_reduce must be %d (nccl), %d (peer) or %d (auto), got %d", GLMRT_ALL_REDUCE_NCCL,
+                               GLMRT_ALL_REDUCE_PEER, GLMRT_ALL_REDUCE_AUTO, o->all_reduce);
     }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");
@@ -163,6 +165,7 @@ static glmrt_status build_engine(glmrt_engine *engine, const char *model_dir)
                                          engine->options.max_tokens_per_step, engine->config.vocab_size,
                                          &engine->error);
     }
+    engine->info.all_reduce = GLMRT_ALL_REDUCE_NONE;
     if (status == GLMRT_OK) status = engine->backend_ops->create(engine, &engine->backend_state);
     if (status == GLMRT_OK && engine->kv_pages.num_pages == 0) status = init_kv_pages(engine);
     if (status != GLMRT_OK) {

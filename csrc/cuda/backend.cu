@@ -19,6 +19,7 @@ static void glmrt_cuda_fill_info(glmrt_cuda_group *group)
     info->num_decode_graphs = group->ranks[0]->graphs.count;
     info->decode_graph_bytes = group->ranks[0]->graphs.bytes;
     info->num_devices = group->num_ranks;
+    info->all_reduce = group->num_ranks > 1 ? group->all_reduce : GLMRT_ALL_REDUCE_NONE;
     info->num_threads = 0;
 }
 

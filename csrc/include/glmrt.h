@@ -60,8 +60,10 @@ enum glmrt_dependent_launches {
 };
 
 enum glmrt_all_reduce {
+    GLMRT_ALL_REDUCE_NONE = -1,
     GLMRT_ALL_REDUCE_NCCL = 0,
-    GLMRT_ALL_REDUCE_PEER = 1
+    GLMRT_ALL_REDUCE_PEER = 1,
+    GLMRT_ALL_REDUCE_AUTO = 2
 };
 
 enum glmrt_finish_reason {
@@ -187,6 +189,7 @@ typedef struct glmrt_engine_info {
     int32_t num_decode_graphs;
     int64_t decode_graph_bytes;
     int32_t asynchronous_launch;
+    int32_t all_reduce;
     char device_name[128];
 } glmrt_engine_info;
 

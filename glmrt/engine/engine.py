@@ -12,7 +12,12 @@ from glmrt.model.native_config import native_model_config
 
 BACKENDS = {"cpu": native.BACKEND_CPU, "cuda": native.BACKEND_CUDA}
 MATMUL_PRECISIONS = {"default": native.MATMUL_DEFAULT, "high": native.MATMUL_HIGH, "native": native.MATMUL_NATIVE}
-ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER}
+ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER, "auto": native.ALL_REDUCE_AUTO}
+
+
+def all_reduce_name(value):
+    names = {number: name for name, number in ALL_REDUCES.items()}
+    return names.get(value, "none")
 
 
 @dataclass
@@ -76,6 +81,7 @@ class EngineInfo:
     num_decode_graphs: int
     decode_graph_bytes: int
     asynchronous_launch: int
+    all_reduce: int
     device_name: str
 
 
@@ -139,7 +145,7 @@ class Engine:
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
                  matmul_precision="default", decode_graphs=True,
-                 dependent_launches=True, all_reduce="peer"):
+                 dependent_launches=True, all_reduce="auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if matmul_precision not in MATMUL_PRECISIONS:

@@ -18,8 +18,10 @@ DECODE_GRAPHS_DEFAULT = 0
 DECODE_GRAPHS_OFF = 1
 DEPENDENT_LAUNCHES_DEFAULT = 0
 DEPENDENT_LAUNCHES_OFF = 1
+ALL_REDUCE_NONE = -1
 ALL_REDUCE_NCCL = 0
 ALL_REDUCE_PEER = 1
+ALL_REDUCE_AUTO = 2
 
 QUANT_NONE = 0
 QUANT_FP8_CHANNEL = 1
@@ -151,6 +153,7 @@ class EngineInfoStruct(ctypes.Structure):
         ("num_decode_graphs", ctypes.c_int32),
         ("decode_graph_bytes", ctypes.c_int64),
         ("asynchronous_launch", ctypes.c_int32),
+        ("all_reduce", ctypes.c_int32),
         ("device_name", ctypes.c_char * 128),
     ]
 

@@ -79,11 +79,12 @@ def add_engine_options(parser):
     group.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                        help="let each CUDA kernel start while the one before it finishes (programmatic dependent "
                             "launch; on by default)")
-    group.add_argument("--all-reduce", choices=("nccl", "peer"), default="peer",
-                       help="how the GPUs of a split model sum their partial hidden states: peer (the default: "
-                            "each GPU reads the others' partials over NVLink and adds them in GPU order, so a row's "
-                            "sum never depends on the step's length), or nccl (NCCL's all-reduce, for GPUs that "
-                            "cannot read each other's memory)")
+    group.add_argument("--all-reduce", choices=("auto", "peer", "nccl"), default="auto",
+                       help="how the GPUs of a split model sum their partial hidden states: peer (each GPU writes "
+                            "its partial into the others' memory over NVLink and they add them in GPU order), nccl "
+                            "(through NCCL, also in GPU order from three GPUs on), or auto (the default: peer where "
+                            "every GPU can reach every other one's memory, nccl otherwise); all three give the same "
+                            "bits")
     return group
 
 

@@ -353,6 +353,27 @@ static glmrt_status glmrt_group_prepare_ordered_sums(glmrt_cuda_group *group)
     return glmrt_group_all_gather_once(group, capacity);
 }
 
+static glmrt_status glmrt_group_choose_all_reduce(glmrt_cuda_group *group, const int32_t *devices)
+{
+    group->all_reduce = group->engine->options.all_reduce;
+    if (group->all_reduce != GLMRT_ALL_REDUCE_AUTO) {
+        return GLMRT_OK;
+    }
+    group->all_reduce = GLMRT_ALL_REDUCE_PEER;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        for (int32_t p = 0; p < group->num_ranks; ++p) {
+            int reachable = 0;
+            if (p != r) {
+                GLMRT_CUDA_TRY(&group->engine->error, cudaDeviceCanAccessPeer(&reachable, devices[r], devices[p]));
+                if (!reachable) {
+                    group->all_reduce = GLMRT_ALL_REDUCE_NCCL;
+                }
+            }
+        }
+    }
+    return GLMRT_OK;
+}
+
 static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
 {
     if (group->num_ranks == 1) {
@@ -372,10 +393,11 @@ static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
         group->ranks[r]->comm = group->comms[r];
     }
     GLMRT_TRY(glmrt_group_warm_up(group));
-    if (group->engine->options.all_reduce == GLMRT_ALL_REDUCE_PEER) {
+    GLMRT_TRY(glmrt_group_choose_all_reduce(group, devices));
+    if (group->all_reduce == GLMRT_ALL_REDUCE_PEER) {
         return glmrt_group_connect_peers(group, devices);
     }
-    if (glmrt_cuda_ordered_gather_wanted(group->engine->options.all_reduce, group->num_ranks)) {
+    if (glmrt_cuda_ordered_gather_wanted(group->all_reduce, group->num_ranks)) {
         return glmrt_group_prepare_ordered_sums(group);
     }
     return GLMRT_OK;

@@ -32,6 +32,7 @@ typedef struct glmrt_rank_slot {
 struct glmrt_cuda_group {
     glmrt_engine *engine;
     int32_t num_ranks;
+    int32_t all_reduce;
     glmrt_rank_plan plan;
     glmrt_cuda_state *ranks[GLMRT_MAX_DEVICES];
     ncclComm_t comms[GLMRT_MAX_DEVICES];
