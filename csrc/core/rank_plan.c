@@ -131,9 +131,6 @@ glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num
         rank->kv_heads = glmrt_kv_heads_for(&rank->q_heads, group);
         rank->experts = glmrt_range_split(has_moe ? config->n_routed_experts : 0, num_ranks, r);
         rank->vocab_rows = glmrt_range_split_units(config->vocab_size, unit, num_ranks, r);
-        for (int32_t other = 0; other < num_ranks; ++other) {
-            rank->vocab_rows_of_ranks[other] = glmrt_range_split_units(config->vocab_size, unit, num_ranks, other);
-        }
         rank->dense_columns = glmrt_range_split_units(has_dense ? config->intermediate_size : 0, unit, num_ranks, r);
         rank->shared_columns = glmrt_range_split_units(has_moe && shared_width > 0 ? shared_width : 0, unit,
                                                         num_ranks, r);

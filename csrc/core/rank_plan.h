@@ -25,7 +25,6 @@ typedef struct glmrt_rank {
     glmrt_rank_range kv_heads;
     glmrt_rank_range experts;
     glmrt_rank_range vocab_rows;
-    glmrt_rank_range vocab_rows_of_ranks[GLMRT_MAX_DEVICES];
     glmrt_rank_range dense_columns;
     glmrt_rank_range shared_columns;
 } glmrt_rank;

@@ -15,9 +15,11 @@ MATMUL_PRECISIONS = {"default": native.MATMUL_DEFAULT, "high": native.MATMUL_HIG
 ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER, "auto": native.ALL_REDUCE_AUTO}
 
 
+ALL_REDUCE_NAMES = {number: name for name, number in ALL_REDUCES.items() if name != "auto"}
+
+
 def all_reduce_name(value):
-    names = {number: name for name, number in ALL_REDUCES.items()}
-    return names.get(value, "none")
+    return ALL_REDUCE_NAMES.get(value, "none")
 
 
 @dataclass

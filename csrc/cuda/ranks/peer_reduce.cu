@@ -233,21 +233,43 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_two_shot
     glmrt_peer_take_slices(a, half);
 }
 
+glmrt_status glmrt_cuda_peer_unreachable(const int32_t *devices, int32_t num_devices, int32_t *out_from,
+                                         int32_t *out_to, glmrt_error *error)
+{
+    *out_from = -1;
+    *out_to = -1;
+    for (int32_t r = 0; r < num_devices; ++r) {
+        for (int32_t p = 0; p < num_devices; ++p) {
+            int reachable = 1;
+            if (p != r) {
+                GLMRT_CUDA_TRY(error, cudaDeviceCanAccessPeer(&reachable, devices[r], devices[p]));
+            }
+            if (!reachable) {
+                *out_from = devices[r];
+                *out_to = devices[p];
+                return GLMRT_OK;
+            }
+        }
+    }
+    return GLMRT_OK;
+}
+
 static glmrt_status glmrt_peer_enable_access(const glmrt_cuda_peer_group *group, glmrt_error *error)
 {
+    int32_t from = -1;
+    int32_t to = -1;
+    GLMRT_TRY(glmrt_cuda_peer_unreachable(group->devices, group->num_ranks, &from, &to, error));
+    if (from >= 0) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                               "all_reduce peer needs device %d to reach the memory of device %d directly, which this "
+                               "machine does not allow; use all_reduce nccl",
+                               from, to);
+    }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
         for (int32_t p = 0; p < group->num_ranks; ++p) {
             if (p == r) {
                 continue;
-            }
-            int reachable = 0;
-            GLMRT_CUDA_TRY(error, cudaDeviceCanAccessPeer(&reachable, group->devices[r], group->devices[p]));
-            if (!reachable) {
-                return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
-                                       "all_reduce peer needs device %d to reach the memory of device %d directly, which this "
-                                       "machine does not allow; use all_reduce nccl",
-                                       group->devices[r], group->devices[p]);
             }
             cudaError_t enabled = cudaDeviceEnablePeerAccess(group->devices[p], 0);
             if (enabled == cudaErrorPeerAccessAlreadyEnabled) {

@@ -45,6 +45,8 @@ typedef struct glmrt_cuda_peer_group {
     const cudaStream_t *streams;
 } glmrt_cuda_peer_group;
 
+glmrt_status glmrt_cuda_peer_unreachable(const int32_t *devices, int32_t num_devices, int32_t *out_from,
+                                         int32_t *out_to, glmrt_error *error);
 glmrt_status glmrt_cuda_peer_reduce_open(glmrt_cuda_peer_group *group, int32_t **out_host_abort_flag,
                                          glmrt_error *error);
 void glmrt_cuda_peer_reduce_release(glmrt_cuda_peer_reduce *peer);

@@ -19,7 +19,7 @@ static glmrt_status glmrt_gather_exchange(const glmrt_cuda_logits_gather *g, cud
     }
     float *part = g->parts;
     for (int32_t r = 1; r < rank->num_ranks && result == ncclSuccess; ++r) {
-        const glmrt_rank_range range = rank->vocab_rows_of_ranks[r];
+        const glmrt_rank_range range = g->plan->ranks[r].vocab_rows;
         if (range.count <= 0) {
             continue;
         }
@@ -41,7 +41,7 @@ static glmrt_status glmrt_gather_place(const glmrt_cuda_logits_gather *g, cudaSt
     const glmrt_rank *rank = g->rank;
     const float *part = g->parts;
     for (int32_t r = 1; r < rank->num_ranks; ++r) {
-        const glmrt_rank_range range = rank->vocab_rows_of_ranks[r];
+        const glmrt_rank_range range = g->plan->ranks[r].vocab_rows;
         if (range.count <= 0) {
             continue;
         }

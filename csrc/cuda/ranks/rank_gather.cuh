@@ -12,6 +12,7 @@ extern "C" {
 
 typedef struct glmrt_cuda_logits_gather {
     ncclComm_t comm;
+    const glmrt_rank_plan *plan;
     const glmrt_rank *rank;
     float *logits;
     float *parts;

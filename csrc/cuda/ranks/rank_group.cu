@@ -359,18 +359,10 @@ static glmrt_status glmrt_group_choose_all_reduce(glmrt_cuda_group *group, const
     if (group->all_reduce != GLMRT_ALL_REDUCE_AUTO) {
         return GLMRT_OK;
     }
-    group->all_reduce = GLMRT_ALL_REDUCE_PEER;
-    for (int32_t r = 0; r < group->num_ranks; ++r) {
-        for (int32_t p = 0; p < group->num_ranks; ++p) {
-            int reachable = 0;
-            if (p != r) {
-                GLMRT_CUDA_TRY(&group->engine->error, cudaDeviceCanAccessPeer(&reachable, devices[r], devices[p]));
-                if (!reachable) {
-                    group->all_reduce = GLMRT_ALL_REDUCE_NCCL;
-                }
-            }
-        }
-    }
+    int32_t from = -1;
+    int32_t to = -1;
+    GLMRT_TRY(glmrt_cuda_peer_unreachable(devices, group->num_ranks, &from, &to, &group->engine->error));
+    group->all_reduce = from < 0 ? GLMRT_ALL_REDUCE_PEER : GLMRT_ALL_REDUCE_NCCL;
     return GLMRT_OK;
 }
 
@@ -485,6 +477,7 @@ static glmrt_status glmrt_group_build(glmrt_cuda_group *group)
         }
         st->error = group->num_ranks == 1 ? &engine->error : &st->rank_error;
         st->rank = group->plan.ranks[r];
+        st->plan = &group->plan;
         st->device = engine->options.device_id + r;
     }
     GLMRT_TRY(glmrt_group_load(group));

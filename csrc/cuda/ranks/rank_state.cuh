@@ -133,6 +133,7 @@ typedef struct glmrt_cuda_state {
     int32_t num_sms;
     cudaStream_t stream;
     glmrt_rank rank;
+    const glmrt_rank_plan *plan;
     glmrt_cuda_dims dims;
     glmrt_cuda_model model;
     uint8_t *weight_memory;

@@ -479,6 +479,7 @@ static glmrt_status glmrt_step_gather_logits(const glmrt_step_context *step)
     GLMRT_TRY(glmrt_step_check_peers(step));
     glmrt_cuda_logits_gather gather;
     gather.comm = st->comm;
+    gather.plan = st->plan;
     gather.rank = &st->rank;
     gather.logits = st->ws.logits;
     gather.parts = st->ws.logits_parts;
