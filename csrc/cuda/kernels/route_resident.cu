@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
     float4 weights[GLMRT_ROUTE_RESIDENT_STEPS];
     glmrt_resident_weights<FORMAT>(weights, w.data + (int64_t)min(expert, w.rows - 1) * row_bytes, w.cols, lane);
     glmrt_dependent_enter();
-    glmrt_router_stage_rows<1>(&rows[0][0], GLMRT_ROUTE_RESIDENT_COLS, x, x_stride, num_tokens, w.cols);
-    __syncthreads();
+    glmrt_router_stage_rows(&rows[0][0], GLMRT_ROUTE_RESIDENT_COLS, x, x_stride, num_tokens, w.cols);
+    glmrt_router_staged_wait<0>();
     for (int32_t t = 0; t < num_tokens; ++t) {
         const float logit = glmrt_resident_dot(weights, rows[t], w.cols, lane);
         if (lane == 0 && expert < w.rows) {

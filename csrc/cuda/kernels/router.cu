@@ -22,17 +22,41 @@ typedef glmrt_router_tile<8, 8, 1, 1024> glmrt_router_narrow;
 typedef glmrt_router_tile<8, 16, 2, 512> glmrt_router_wide;
 
 template <int FORMAT, typename TILE>
-__device__ __forceinline__ void glmrt_router_chunk_weights(float4 (*weights)[TILE::steps],
-                                                           const uint8_t *const *rows, int32_t base, int32_t width,
-                                                           int lane)
+__device__ __forceinline__ void glmrt_router_chunk_weights(uint4 (*weights)[TILE::steps], const uint8_t *const *rows,
+                                                           int32_t base, int32_t width, int lane)
 {
 #pragma unroll
     for (int e = 0; e < TILE::experts; ++e) {
 #pragma unroll
         for (int s = 0; s < TILE::steps; ++s) {
             const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
-            weights[e][s] =
-                c < width ? glmrt_router_weights<FORMAT>(rows[e], base + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            weights[e][s] = c < width ? glmrt_router_weight_bits<FORMAT>(rows[e], base + c) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+template <int FORMAT, typename TILE>
+__device__ __forceinline__ void glmrt_router_chunk_products(float (*acc)[TILE::tokens],
+                                                            const uint4 (*weights)[TILE::steps],
+                                                            const float (*tile)[TILE::chunk], int32_t width, int lane)
+{
+#pragma unroll
+    for (int s = 0; s < TILE::steps; ++s) {
+        const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
+        if (c < width) {
+            float4 xt[TILE::tokens];
+#pragma unroll
+            for (int t = 0; t < TILE::tokens; ++t) {
+                xt[t] = *reinterpret_cast<const float4 *>(&tile[t][c]);
+            }
+#pragma unroll
+            for (int e = 0; e < TILE::experts; ++e) {
+                const float4 w = glmrt_router_weight_values<FORMAT>(weights[e][s]);
+#pragma unroll
+                for (int t = 0; t < TILE::tokens; ++t) {
+                    acc[e][t] = glmrt_router_dot4(w, xt[t], acc[e][t]);
+                }
+            }
         }
     }
 }
@@ -49,12 +73,14 @@ __global__ void __launch_bounds__(TILE::warps * 32)
     const int32_t first_token = (int32_t)blockIdx.y * TILE::tokens;
     const int32_t tokens = min(TILE::tokens, num_tokens - first_token);
     const int64_t row_bytes = (int64_t)w.cols * (FORMAT == GLMRT_CUDA_FORMAT_F32 ? 4 : 2);
+    const float *block_rows = x + (int64_t)first_token * x_stride;
     const uint8_t *rows[TILE::experts];
 #pragma unroll
     for (int e = 0; e < TILE::experts; ++e) {
         rows[e] = w.data + (int64_t)min(first_expert + e, w.rows - 1) * row_bytes;
     }
-    float4 weights[TILE::experts][TILE::steps];
+    uint4 weights[TILE::experts][TILE::steps];
+    uint4 next_weights[TILE::experts][TILE::steps];
     glmrt_router_chunk_weights<FORMAT, TILE>(weights, rows, 0, min(TILE::chunk, w.cols), lane);
     glmrt_dependent_enter();
     float acc[TILE::experts][TILE::tokens];
@@ -67,27 +93,21 @@ __global__ void __launch_bounds__(TILE::warps * 32)
     }
     for (int32_t base = 0; base < w.cols; base += TILE::chunk) {
         const int32_t width = min(TILE::chunk, w.cols - base);
+        const int32_t next = base + TILE::chunk;
         if (base > 0) {
-            glmrt_router_chunk_weights<FORMAT, TILE>(weights, rows, base, width, lane);
+            __syncthreads();
         }
-        __syncthreads();
-        glmrt_router_stage_rows<8>(&tile[0][0], TILE::chunk, x + (int64_t)first_token * x_stride + base, x_stride, tokens,
-                                width);
-        __syncthreads();
+        glmrt_router_stage_rows(&tile[0][0], TILE::chunk, block_rows + base, x_stride, tokens, width);
+        if (next < w.cols) {
+            glmrt_router_chunk_weights<FORMAT, TILE>(next_weights, rows, next, min(TILE::chunk, w.cols - next), lane);
+        }
+        glmrt_router_staged_wait<0>();
+        glmrt_router_chunk_products<FORMAT, TILE>(acc, weights, tile, width, lane);
 #pragma unroll
-        for (int s = 0; s < TILE::steps; ++s) {
-            const int32_t c = lane * GLMRT_ROUTER_LANE_COLS + s * GLMRT_ROUTER_WARP_COLS;
-            if (c < width) {
+        for (int e = 0; e < TILE::experts; ++e) {
 #pragma unroll
-                for (int t = 0; t < TILE::tokens; ++t) {
-                    if (t < tokens) {
-                        const float4 xt = *reinterpret_cast<const float4 *>(&tile[t][c]);
-#pragma unroll
-                        for (int e = 0; e < TILE::experts; ++e) {
-                            acc[e][t] = glmrt_router_dot4(weights[e][s], xt, acc[e][t]);
-                        }
-                    }
-                }
+            for (int s = 0; s < TILE::steps; ++s) {
+                weights[e][s] = next_weights[e][s];
             }
         }
     }

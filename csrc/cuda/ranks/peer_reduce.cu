@@ -195,21 +195,24 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_one_shot
     }
 }
 
+static __device__ __forceinline__ int32_t glmrt_peer_rotated(const glmrt_peer_reduce_args &a, int32_t step)
+{
+    return (a.rank + step) % a.num_ranks;
+}
+
 static __device__ void glmrt_peer_send_slices(const glmrt_peer_reduce_args &a, int64_t half)
 {
-    for (int32_t s = 0; s < a.num_ranks; ++s) {
-        if (s != a.rank) {
-            glmrt_peer_copy_part(glmrt_peer_inbox(a, s, half, a.rank), a.x, glmrt_peer_slice_part(a, s));
-        }
+    for (int32_t step = 1; step < a.num_ranks; ++step) {
+        const int32_t s = glmrt_peer_rotated(a, step);
+        glmrt_peer_copy_part(glmrt_peer_inbox(a, s, half, a.rank), a.x, glmrt_peer_slice_part(a, s));
     }
 }
 
 static __device__ void glmrt_peer_take_slices(const glmrt_peer_reduce_args &a, int64_t half)
 {
-    for (int32_t s = 0; s < a.num_ranks; ++s) {
-        if (s != a.rank) {
-            glmrt_peer_copy_part(a.x, glmrt_peer_own_inbox(a, half, s), glmrt_peer_slice_part(a, s));
-        }
+    for (int32_t step = 1; step < a.num_ranks; ++step) {
+        const int32_t s = glmrt_peer_rotated(a, step);
+        glmrt_peer_copy_part(a.x, glmrt_peer_own_inbox(a, half, s), glmrt_peer_slice_part(a, s));
     }
 }
 
