@@ -140,7 +140,15 @@ def server_summary(before, after, seconds):
         "mean_gap_ms": 1e3 * delta["gap_seconds"] / delta["gaps"] if delta["gaps"] else None,
         "device_busy": delta["device_seconds"] / seconds if seconds > 0 else None,
         "preemptions": int(delta["preemptions"]),
+        "window_s": seconds,
     }
+
+
+def load_window_seconds(client, wall_seconds):
+    window = client.get("duration_s")
+    if window is None or window <= 0 or window > wall_seconds:
+        return wall_seconds
+    return window
 
 
 def run_loadgen(state, args, json_path):
@@ -169,8 +177,9 @@ def load(args):
     before = server_counters(state["port"])
     started = time.monotonic()
     client = run_loadgen(state, args, json_path)
-    seconds = time.monotonic() - started
-    server = server_summary(before, server_counters(state["port"]), seconds)
+    wall_seconds = time.monotonic() - started
+    server = server_summary(before, server_counters(state["port"]), load_window_seconds(client, wall_seconds))
+    server["loadgen_wall_s"] = wall_seconds
     server["decode_roofline"] = decode_roofline(state["model_dir"], state["num_devices"],
                                                 state.get("bandwidth_bytes_per_s"), server["mean_batch"],
                                                 args.prompt_len + args.gen_len / 2, server["mean_device_ms"])
@@ -194,6 +203,8 @@ def load(args):
     print("roofline: the bytes of a decode step at the mean batch and the mean context (prompt plus half the "
           "generated tokens) over the GPUs' copy bandwidth, against the mean device time a step (steps that also "
           "prefill count too, so it is a lower bound)")
+    print(f"steps/s and device busy: over the load generator's own {server['window_s']:.1f} s of load, not the "
+          f"{wall_seconds:.1f} s its process ran (its start loads the tokenizer)")
     return 0
 
 

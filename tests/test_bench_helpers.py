@@ -1,7 +1,8 @@
 import pytest
 
 from bench.gpu_bench import decode_step_bytes, fill_contexts, write_model_dir
-from bench.serve_glm import decode_roofline
+from bench.serve_ceiling import SERVER_COUNTERS
+from bench.serve_glm import decode_roofline, load_window_seconds, server_summary
 from engine_support import build_test_model, open_engine
 from glmrt.engine.engine import SamplingParams
 
@@ -27,3 +28,20 @@ def test_serve_glm_roofline_is_the_step_bytes_over_every_gpu_against_the_device_
     assert decode_roofline(model_dir, 1, 4.3e12, 250.0, 1536, 87.55) == pytest.approx(4 * floor_ms / 87.55)
     assert decode_roofline(model_dir, 4, None, 250.0, 1536, 87.55) is None
     assert decode_roofline(model_dir, 4, 4.3e12, None, 1536, None) is None
+
+
+def test_serve_glm_rates_count_the_load_window_not_the_load_generator_start():
+    before = {name: 0.0 for name in SERVER_COUNTERS}
+    after = dict(before, steps=400.0, step_seconds=4.0, batch_sum=800.0, device_seconds=3.6, gap_seconds=0.2,
+                 gaps=399.0, preemptions=2.0)
+    window = load_window_seconds({"duration_s": 4.0}, 6.5)
+    assert window == 4.0
+    summary = server_summary(before, after, window)
+    assert summary["steps_per_s"] == pytest.approx(100.0)
+    assert summary["device_busy"] == pytest.approx(0.9)
+    assert summary["mean_batch"] == pytest.approx(2.0)
+    assert summary["window_s"] == 4.0
+    assert summary["preemptions"] == 2
+    assert load_window_seconds({"duration_s": None}, 6.5) == 6.5
+    assert load_window_seconds({"duration_s": 9.0}, 6.5) == 6.5
+    assert load_window_seconds({}, 6.5) == 6.5
