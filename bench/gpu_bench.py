@@ -42,7 +42,7 @@ def parse_args(argv):
                         help="replay decode steps from CUDA graphs (the engine's default)")
     parser.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                         help="start each kernel while the one before it finishes (the engine's default)")
-    parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl"), default="auto",
+    parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl", "peer-bf16"), default="auto",
                         help="how the GPUs of a split model sum their partials (see server.py --help)")
     parser.add_argument("--json", help="write every measurement to this file")
     return parser.parse_args(argv)

@@ -28,7 +28,7 @@ def parse_args(argv):
     parser.add_argument("--top", type=int, default=16, help="kernels listed per batch")
     parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl"), default="auto")
+    parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl", "peer-bf16"), default="auto")
     parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"))
     parser.add_argument("--launches", default="",
                         help="comma-separated parts of kernel names: list each launch of one step in order, with its time")

@@ -16,6 +16,7 @@ from glmrt.engine.errors import GlmrtError
 
 SPLIT_RELATIVE_L2 = 1e-3
 SPLIT_NATIVE_RELATIVE_L2 = 0.5
+BF16_SUM_RELATIVE_L2 = 0.05
 SPLITS = (2, 4)
 
 pytestmark = [pytest.mark.gpu,
@@ -140,7 +141,25 @@ def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_dev
         assert "every GPU's sum has the same bits, one-shot and two-shot have the same bits" in line, line
 
 
-@pytest.mark.parametrize("all_reduce", ("auto", "peer", "nccl"))
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_peer_bf16_sums_stay_near_the_fp32_sums_and_keep_the_residual_on_every_gpu(num_devices):
+    model_dir = wide_model("fp8-block")
+    with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as fp32, \
+            Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer-bf16",
+                   **ENGINE_OPTIONS) as bf16:
+        assert bf16.info().all_reduce == native.ALL_REDUCE_PEER_BF16
+        assert bf16.info().workspace_bytes > fp32.info().workspace_bytes
+        worst = 0.0
+        for prompt in prompts_for(bf16):
+            expected, actual = first_logits(fp32, prompt), first_logits(bf16, prompt)
+            assert np.all(np.isfinite(actual))
+            assert not np.array_equal(actual, expected), f"prompt of {len(prompt)}: BF16 sums rounded nothing"
+            worst = max(worst, relative_l2(actual, expected))
+        print(f"\nBF16 against FP32 sums over {num_devices} GPUs: worst relative L2 of the logits {worst:.3e}")
+        assert worst < BF16_SUM_RELATIVE_L2
+
+
+@pytest.mark.parametrize("all_reduce", ("auto", "peer", "nccl", "peer-bf16"))
 @pytest.mark.parametrize("num_devices", splits_available())
 def test_all_reduces_keep_batched_equal_to_solo_and_graphs_equal_to_direct(num_devices, all_reduce):
     model_dir = wide_model("fp8-block")
@@ -148,7 +167,8 @@ def test_all_reduces_keep_batched_equal_to_solo_and_graphs_equal_to_direct(num_d
             Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce=all_reduce, decode_graphs=False,
                    **ENGINE_OPTIONS) as direct:
         chosen = {"peer": {native.ALL_REDUCE_PEER}, "nccl": {native.ALL_REDUCE_NCCL},
-                  "auto": {native.ALL_REDUCE_PEER, native.ALL_REDUCE_NCCL}}[all_reduce]
+                  "auto": {native.ALL_REDUCE_PEER, native.ALL_REDUCE_NCCL},
+                  "peer-bf16": {native.ALL_REDUCE_PEER_BF16}}[all_reduce]
         assert graphs.info().all_reduce in chosen
         assert direct.info().all_reduce == graphs.info().all_reduce
         check_batched_requests_equal_solo_requests(graphs, BATCH_PARAMS[0])

@@ -273,15 +273,16 @@ def test_all_reduce_out_of_range_is_refused_with_its_choices(model_dir):
     assert default == native.ALL_REDUCE_AUTO
     assert status == native.STATUS_INVALID_ARGUMENT
     assert not handle
-    assert message == "all_reduce must be 0 (nccl), 1 (peer) or 2 (auto), got 7"
+    assert message == "all_reduce must be 0 (nccl), 1 (peer), 2 (auto) or 3 (peer-bf16), got 7"
 
 
 def test_all_reduce_names_are_checked_before_the_library_is_asked(model_dir):
     from glmrt.engine.engine import Engine
 
-    with pytest.raises(ValueError, match="all_reduce must be one of \\['auto', 'nccl', 'peer'\\], got 'ring'"):
+    with pytest.raises(ValueError,
+                       match="all_reduce must be one of \\['auto', 'nccl', 'peer', 'peer-bf16'\\], got 'ring'"):
         Engine(model_dir, all_reduce="ring")
-    for name in ("nccl", "peer", "auto"):
+    for name in ("nccl", "peer", "auto", "peer-bf16"):
         with open_engine(model_dir, all_reduce=name) as engine:
             info = engine.info()
             assert info.num_devices == 1
@@ -294,6 +295,7 @@ def test_server_all_reduce_option_reaches_the_engine_arguments():
     assert engine_kwargs(server_parser().parse_args([]))["all_reduce"] == "auto"
     assert engine_kwargs(server_parser().parse_args(["--all-reduce", "nccl"]))["all_reduce"] == "nccl"
     assert engine_kwargs(server_parser().parse_args(["--all-reduce", "peer"]))["all_reduce"] == "peer"
+    assert engine_kwargs(server_parser().parse_args(["--all-reduce", "peer-bf16"]))["all_reduce"] == "peer-bf16"
     with pytest.raises(SystemExit):
         server_parser().parse_args(["--all-reduce", "ring"])
 

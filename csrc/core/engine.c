@@ -56,10 +56,11 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
                                GLMRT_DEPENDENT_LAUNCHES_DEFAULT, GLMRT_DEPENDENT_LAUNCHES_OFF, o->dependent_launches);
     }
     if (o->all_reduce != GLMRT_ALL_REDUCE_NCCL && o->all_reduce != GLMRT_ALL_REDUCE_PEER &&
-        o->all_reduce != GLMRT_ALL_REDUCE_AUTO) {
+        o->all_reduce != GLMRT_ALL_REDUCE_AUTO && o->all_reduce != GLMRT_ALL_REDUCE_PEER_BF16) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
-                               "all_reduce must be %d (nccl), %d (peer) or %d (auto), got %d", GLMRT_ALL_REDUCE_NCCL,
-                               GLMRT_ALL_REDUCE_PEER, GLMRT_ALL_REDUCE_AUTO, o->all_reduce);
+                               "all_reduce must be %d (nccl), %d (peer), %d (auto) or %d (peer-bf16), got %d",
+                               GLMRT_ALL_REDUCE_NCCL, GLMRT_ALL_REDUCE_PEER, GLMRT_ALL_REDUCE_AUTO,
+                               GLMRT_ALL_REDUCE_PEER_BF16, o->all_reduce);
     }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");

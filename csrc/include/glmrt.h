@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 10
+#define GLMRT_ABI_VERSION 11
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -63,7 +63,8 @@ enum glmrt_all_reduce {
     GLMRT_ALL_REDUCE_NONE = -1,
     GLMRT_ALL_REDUCE_NCCL = 0,
     GLMRT_ALL_REDUCE_PEER = 1,
-    GLMRT_ALL_REDUCE_AUTO = 2
+    GLMRT_ALL_REDUCE_AUTO = 2,
+    GLMRT_ALL_REDUCE_PEER_BF16 = 3
 };
 
 enum glmrt_finish_reason {

@@ -12,7 +12,8 @@ from glmrt.model.native_config import native_model_config
 
 BACKENDS = {"cpu": native.BACKEND_CPU, "cuda": native.BACKEND_CUDA}
 MATMUL_PRECISIONS = {"default": native.MATMUL_DEFAULT, "high": native.MATMUL_HIGH, "native": native.MATMUL_NATIVE}
-ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER, "auto": native.ALL_REDUCE_AUTO}
+ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER, "auto": native.ALL_REDUCE_AUTO,
+               "peer-bf16": native.ALL_REDUCE_PEER_BF16}
 
 
 ALL_REDUCE_NAMES = {number: name for name, number in ALL_REDUCES.items() if name != "auto"}

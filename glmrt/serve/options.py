@@ -79,12 +79,13 @@ def add_engine_options(parser):
     group.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                        help="let each CUDA kernel start while the one before it finishes (programmatic dependent "
                             "launch; on by default)")
-    group.add_argument("--all-reduce", choices=("auto", "peer", "nccl"), default="auto",
+    group.add_argument("--all-reduce", choices=("auto", "peer", "nccl", "peer-bf16"), default="auto",
                        help="how the GPUs of a split model sum their partial hidden states: peer (each GPU writes "
                             "its partial into the others' memory over NVLink and they add them in GPU order), nccl "
                             "(through NCCL, also in GPU order from three GPUs on), or auto (the default: peer where "
                             "every GPU can reach every other one's memory, nccl otherwise); all three give the same "
-                            "bits")
+                            "bits. peer-bf16 is peer with the partials and their sum sent rounded to BF16 (half the "
+                            "bytes; the residual stays FP32 on every GPU), which rounds where the others do not")
     return group
 
 

@@ -3,130 +3,11 @@
 
 #include "cuda_check.cuh"
 #include "peer_reduce.cuh"
+#include "peer_reduce_device.cuh"
 
-#define GLMRT_PEER_ABORT_POLL 1024u
 #define GLMRT_PEER_CHECK_FLOATS (8 * GLMRT_PEER_REDUCE_MAX_BLOCKS)
 #define GLMRT_PEER_CHECK_SECONDS 20
-#define GLMRT_PEER_SIGNAL_SETS 2
-#define GLMRT_PEER_AFTER_SEND 0
-#define GLMRT_PEER_AFTER_SUM 1
 #define GLMRT_PEER_COPY_UNROLL 4
-
-typedef struct glmrt_peer_reduce_args {
-    float4 *x;
-    int64_t count4;
-    int64_t capacity;
-    float *own_staging;
-    unsigned long long *own_signals;
-    unsigned long long *epochs;
-    float *peer_staging[GLMRT_MAX_DEVICES];
-    unsigned long long *peer_signals[GLMRT_MAX_DEVICES];
-    const volatile int32_t *abort_flag;
-    int32_t rank;
-    int32_t num_ranks;
-} glmrt_peer_reduce_args;
-
-typedef struct glmrt_peer_span {
-    int64_t begin;
-    int64_t end;
-} glmrt_peer_span;
-
-static __device__ __forceinline__ void glmrt_store_release_system(unsigned long long *slot, unsigned long long value)
-{
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(slot), "l"(value) : "memory");
-}
-
-static __device__ __forceinline__ unsigned long long glmrt_load_acquire_system(const unsigned long long *slot)
-{
-    unsigned long long value;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(slot) : "memory");
-    return value;
-}
-
-static __device__ __forceinline__ int64_t glmrt_peer_slot(int32_t set, int32_t rank, int32_t block)
-{
-    return ((int64_t)set * GLMRT_MAX_DEVICES + rank) * GLMRT_PEER_REDUCE_MAX_BLOCKS + block;
-}
-
-static __device__ int glmrt_peer_wait_for(const glmrt_peer_reduce_args &a, const unsigned long long *slot,
-                                          unsigned long long epoch)
-{
-    uint32_t spins = 0;
-    while (glmrt_load_acquire_system(slot) < epoch) {
-        spins += 1;
-        if (spins % GLMRT_PEER_ABORT_POLL == 0 && *a.abort_flag != 0) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static __device__ int glmrt_peer_barrier(const glmrt_peer_reduce_args &a, int32_t set, unsigned long long epoch)
-{
-    const int32_t block = (int32_t)blockIdx.x;
-    const int32_t peer = (int32_t)threadIdx.x;
-    __syncthreads();
-    int aborted = 0;
-    if (peer < a.num_ranks && peer != a.rank) {
-        glmrt_store_release_system(a.peer_signals[peer] + glmrt_peer_slot(set, a.rank, block), epoch);
-        aborted = glmrt_peer_wait_for(a, a.own_signals + glmrt_peer_slot(set, peer, block), epoch);
-    }
-    return __syncthreads_or(aborted);
-}
-
-static __device__ unsigned long long glmrt_peer_next_epoch(const glmrt_peer_reduce_args &a)
-{
-    __shared__ unsigned long long shared_epoch;
-    if (threadIdx.x == 0) {
-        shared_epoch = a.epochs[blockIdx.x] + 1ull;
-        a.epochs[blockIdx.x] = shared_epoch;
-    }
-    __syncthreads();
-    return shared_epoch;
-}
-
-static __device__ __forceinline__ glmrt_peer_span glmrt_peer_block_part(int64_t begin, int64_t end)
-{
-    const int64_t per_block = (end - begin + gridDim.x - 1) / gridDim.x;
-    glmrt_peer_span part;
-    part.begin = begin + (int64_t)blockIdx.x * per_block;
-    part.end = part.begin + per_block < end ? part.begin + per_block : end;
-    part.begin = part.begin < end ? part.begin : end;
-    return part;
-}
-
-static __device__ __forceinline__ glmrt_peer_span glmrt_peer_slice_part(const glmrt_peer_reduce_args &a, int32_t slice)
-{
-    const int64_t begin = a.count4 * slice / a.num_ranks;
-    const int64_t end = a.count4 * (slice + 1) / a.num_ranks;
-    return glmrt_peer_block_part(begin, end);
-}
-
-static __device__ __forceinline__ void glmrt_float4_add(float4 &sum, const float4 &v)
-{
-    sum.x += v.x;
-    sum.y += v.y;
-    sum.z += v.z;
-    sum.w += v.w;
-}
-
-static __device__ __forceinline__ int64_t glmrt_peer_slot_offset(const glmrt_peer_reduce_args &a, int64_t half,
-                                                                  int32_t sender)
-{
-    return (half * a.num_ranks + sender) * a.capacity;
-}
-
-static __device__ __forceinline__ float4 *glmrt_peer_inbox(const glmrt_peer_reduce_args &a, int32_t receiver,
-                                                           int64_t half, int32_t sender)
-{
-    return reinterpret_cast<float4 *>(a.peer_staging[receiver] + glmrt_peer_slot_offset(a, half, sender));
-}
-
-static __device__ __forceinline__ const float4 *glmrt_peer_own_inbox(const glmrt_peer_reduce_args &a, int64_t half,
-                                                                     int32_t sender)
-{
-    return reinterpret_cast<const float4 *>(a.own_staging + glmrt_peer_slot_offset(a, half, sender));
-}
 
 static __device__ __forceinline__ float4 glmrt_peer_ordered_sum(const glmrt_peer_reduce_args &a, int64_t half,
                                                                 int64_t i)
@@ -193,11 +74,6 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_one_shot
     for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
         a.x[i] = glmrt_peer_ordered_sum(a, half, i);
     }
-}
-
-static __device__ __forceinline__ int32_t glmrt_peer_rotated(const glmrt_peer_reduce_args &a, int32_t step)
-{
-    return (a.rank + step) % a.num_ranks;
 }
 
 static __device__ void glmrt_peer_send_slices(const glmrt_peer_reduce_args &a, int64_t half)
@@ -314,8 +190,7 @@ static glmrt_status glmrt_peer_allocate(glmrt_cuda_peer_reduce *peer, int32_t de
     return GLMRT_OK;
 }
 
-static glmrt_status glmrt_peer_resident_blocks(int32_t device, const void *kernel, int32_t *out_blocks,
-                                               glmrt_error *error)
+glmrt_status glmrt_peer_resident_blocks(int32_t device, const void *kernel, int32_t *out_blocks, glmrt_error *error)
 {
     int sms = 0;
     int per_sm = 0;
@@ -336,6 +211,9 @@ static glmrt_status glmrt_peer_choose_blocks(const glmrt_cuda_peer_group *group,
                                              error));
         GLMRT_TRY(glmrt_peer_resident_blocks(group->devices[r], (const void *)glmrt_peer_two_shot_kernel, &blocks,
                                              error));
+        if (group->bf16_partials) {
+            GLMRT_TRY(glmrt_peer_bf16_resident_blocks(group->devices[r], &blocks, error));
+        }
     }
     if (blocks < GLMRT_PEER_REDUCE_MIN_BLOCKS) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
@@ -388,14 +266,15 @@ static glmrt_status glmrt_peer_await_check(const glmrt_cuda_peer_group *group, g
                            group->num_ranks, GLMRT_PEER_CHECK_SECONDS);
 }
 
-static glmrt_status glmrt_peer_check_values(const glmrt_cuda_peer_group *group, float *const *buffers, int64_t count,
-                                            glmrt_error *error)
+static glmrt_status glmrt_peer_check_values(const glmrt_cuda_peer_group *group, float *const *buffers, int64_t offset,
+                                            int64_t count, glmrt_error *error)
 {
     float values[GLMRT_PEER_CHECK_FLOATS];
     float expected = 0.5f * (float)group->num_ranks * (float)(group->num_ranks + 1);
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
-        GLMRT_CUDA_TRY(error, cudaMemcpy(values, buffers[r], (size_t)count * sizeof(float), cudaMemcpyDeviceToHost));
+        GLMRT_CUDA_TRY(error, cudaMemcpy(values, buffers[r] + offset, (size_t)count * sizeof(float),
+                                         cudaMemcpyDeviceToHost));
         for (int64_t i = 0; i < count; ++i) {
             if (values[i] != expected) {
                 return glmrt_error_set(error, GLMRT_ERR_BACKEND,
@@ -409,7 +288,7 @@ static glmrt_status glmrt_peer_check_values(const glmrt_cuda_peer_group *group, 
 }
 
 static glmrt_status glmrt_peer_check_run(const glmrt_cuda_peer_group *group, float *const *buffers, int64_t count,
-                                         glmrt_peer_shots shots, glmrt_error *error)
+                                         glmrt_peer_shots shots, int bf16, glmrt_error *error)
 {
     float values[GLMRT_PEER_CHECK_FLOATS];
     for (int32_t r = 0; r < group->num_ranks; ++r) {
@@ -418,14 +297,20 @@ static glmrt_status glmrt_peer_check_run(const glmrt_cuda_peer_group *group, flo
         }
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
         GLMRT_CUDA_TRY(error, cudaMemcpy(buffers[r], values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice));
+        GLMRT_CUDA_TRY(error, cudaMemset(buffers[r] + count, 0, (size_t)count * sizeof(float)));
     }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         GLMRT_CUDA_TRY(error, cudaSetDevice(group->devices[r]));
-        GLMRT_TRY(
-            glmrt_cuda_peer_reduce_run_shots(group->ranks[r], buffers[r], count, shots, group->streams[r], error));
+        if (bf16) {
+            GLMRT_TRY(glmrt_cuda_peer_reduce_bf16_run_shots(group->ranks[r], buffers[r], buffers[r] + count, count,
+                                                            shots, group->streams[r], error));
+        } else {
+            GLMRT_TRY(glmrt_cuda_peer_reduce_run_shots(group->ranks[r], buffers[r], count, shots, group->streams[r],
+                                                       error));
+        }
     }
     GLMRT_TRY(glmrt_peer_await_check(group, error));
-    return glmrt_peer_check_values(group, buffers, count, error);
+    return glmrt_peer_check_values(group, buffers, bf16 ? count : 0, count, error);
 }
 
 static glmrt_status glmrt_peer_check_sum(const glmrt_cuda_peer_group *group, glmrt_error *error)
@@ -437,7 +322,7 @@ static glmrt_status glmrt_peer_check_sum(const glmrt_cuda_peer_group *group, glm
     for (int32_t r = 0; r < group->num_ranks && status == GLMRT_OK; ++r) {
         cudaError_t result = cudaSetDevice(group->devices[r]);
         if (result == cudaSuccess) {
-            result = cudaMalloc((void **)&buffers[r], (size_t)count * sizeof(float));
+            result = cudaMalloc((void **)&buffers[r], 2 * (size_t)count * sizeof(float));
         }
         if (result != cudaSuccess) {
             cudaGetLastError();
@@ -447,11 +332,14 @@ static glmrt_status glmrt_peer_check_sum(const glmrt_cuda_peer_group *group, glm
                                      group->devices[r], cudaGetErrorString(result));
         }
     }
-    if (status == GLMRT_OK) {
-        status = glmrt_peer_check_run(group, buffers, count, GLMRT_PEER_ONE_SHOT, error);
-    }
-    if (status == GLMRT_OK) {
-        status = glmrt_peer_check_run(group, buffers, count, GLMRT_PEER_TWO_SHOT, error);
+    const int checks = group->bf16_partials ? 2 : 1;
+    for (int bf16 = 0; bf16 < checks; ++bf16) {
+        if (status == GLMRT_OK) {
+            status = glmrt_peer_check_run(group, buffers, count, GLMRT_PEER_ONE_SHOT, bf16, error);
+        }
+        if (status == GLMRT_OK) {
+            status = glmrt_peer_check_run(group, buffers, count, GLMRT_PEER_TWO_SHOT, bf16, error);
+        }
     }
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         if (buffers[r] != nullptr) {
@@ -521,7 +409,7 @@ int glmrt_cuda_peer_reduce_fits(const glmrt_cuda_peer_reduce *peer, int64_t coun
     return peer != nullptr && peer->num_ranks > 1 && count > 0 && count <= peer->capacity && count % 4 == 0;
 }
 
-static glmrt_peer_shots glmrt_peer_shots_for(int64_t count, glmrt_peer_shots shots)
+glmrt_peer_shots glmrt_peer_shots_for(int64_t count, glmrt_peer_shots shots)
 {
     if (shots != GLMRT_PEER_SHOTS_BY_SIZE) {
         return shots;
@@ -529,8 +417,8 @@ static glmrt_peer_shots glmrt_peer_shots_for(int64_t count, glmrt_peer_shots sho
     return count * (int64_t)sizeof(float) <= GLMRT_PEER_ONE_SHOT_MAX_BYTES ? GLMRT_PEER_ONE_SHOT : GLMRT_PEER_TWO_SHOT;
 }
 
-glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
-                                              glmrt_peer_shots shots, cudaStream_t stream, glmrt_error *error)
+glmrt_status glmrt_peer_reduce_args_for(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
+                                        glmrt_peer_reduce_args *args, glmrt_error *error)
 {
     if ((uintptr_t)x % sizeof(float4) != 0) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "the peer all-reduce needs 16-byte aligned rows, got %p",
@@ -541,21 +429,28 @@ glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer
                                "the peer all-reduce holds %lld floats in fours, asked to sum %lld",
                                (long long)(peer == nullptr ? 0 : peer->capacity), (long long)count);
     }
-    glmrt_peer_reduce_args args;
-    memset(&args, 0, sizeof(args));
-    args.x = reinterpret_cast<float4 *>(x);
-    args.count4 = count / 4;
-    args.capacity = peer->capacity;
-    args.own_staging = peer->staging;
-    args.own_signals = peer->signals;
-    args.epochs = peer->epochs;
+    memset(args, 0, sizeof(*args));
+    args->x = reinterpret_cast<float4 *>(x);
+    args->count4 = count / 4;
+    args->capacity = peer->capacity;
+    args->own_staging = peer->staging;
+    args->own_signals = peer->signals;
+    args->epochs = peer->epochs;
     for (int32_t p = 0; p < peer->num_ranks; ++p) {
-        args.peer_staging[p] = peer->peer_staging[p];
-        args.peer_signals[p] = peer->peer_signals[p];
+        args->peer_staging[p] = peer->peer_staging[p];
+        args->peer_signals[p] = peer->peer_signals[p];
     }
-    args.abort_flag = peer->abort_flag;
-    args.rank = peer->rank;
-    args.num_ranks = peer->num_ranks;
+    args->abort_flag = peer->abort_flag;
+    args->rank = peer->rank;
+    args->num_ranks = peer->num_ranks;
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
+                                              glmrt_peer_shots shots, cudaStream_t stream, glmrt_error *error)
+{
+    glmrt_peer_reduce_args args;
+    GLMRT_TRY(glmrt_peer_reduce_args_for(peer, x, count, &args, error));
     if (glmrt_peer_shots_for(count, shots) == GLMRT_PEER_ONE_SHOT) {
         glmrt_peer_one_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
     } else {

@@ -43,6 +43,7 @@ typedef struct glmrt_cuda_peer_group {
     const int32_t *abort_flag;
     int32_t *host_abort_flag;
     const cudaStream_t *streams;
+    int32_t bf16_partials;
 } glmrt_cuda_peer_group;
 
 glmrt_status glmrt_cuda_peer_unreachable(const int32_t *devices, int32_t num_devices, int32_t *out_from,
@@ -55,5 +56,11 @@ glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer
                                               glmrt_peer_shots shots, cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
                                         cudaStream_t stream, glmrt_error *error);
+glmrt_status glmrt_cuda_peer_reduce_bf16_run_shots(const glmrt_cuda_peer_reduce *peer, const float *partial,
+                                                   float *residual, int64_t count, glmrt_peer_shots shots,
+                                                   cudaStream_t stream, glmrt_error *error);
+glmrt_status glmrt_cuda_peer_reduce_bf16_run(const glmrt_cuda_peer_reduce *peer, const float *partial,
+                                             float *residual, int64_t count, cudaStream_t stream,
+                                             glmrt_error *error);
 
 #endif

@@ -325,6 +325,7 @@ static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int
     peer_group.ranks = peers;
     peer_group.capacity = (int64_t)d->max_tokens * d->hidden;
     peer_group.streams = streams;
+    peer_group.bf16_partials = group->all_reduce == GLMRT_ALL_REDUCE_PEER_BF16;
     return glmrt_cuda_peer_reduce_open(&peer_group, &group->peer_abort, &group->engine->error);
 }
 
@@ -386,7 +387,7 @@ static glmrt_status glmrt_group_connect(glmrt_cuda_group *group)
     }
     GLMRT_TRY(glmrt_group_warm_up(group));
     GLMRT_TRY(glmrt_group_choose_all_reduce(group, devices));
-    if (group->all_reduce == GLMRT_ALL_REDUCE_PEER) {
+    if (group->all_reduce == GLMRT_ALL_REDUCE_PEER || group->all_reduce == GLMRT_ALL_REDUCE_PEER_BF16) {
         return glmrt_group_connect_peers(group, devices);
     }
     if (glmrt_cuda_ordered_gather_wanted(group->all_reduce, group->num_ranks)) {

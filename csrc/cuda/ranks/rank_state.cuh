@@ -52,10 +52,12 @@ typedef struct glmrt_cuda_dims {
     int32_t head_activation_bytes;
     int32_t max_split_n;
     int32_t max_split_units;
+    int32_t bf16_partials;
 } glmrt_cuda_dims;
 
 typedef struct glmrt_cuda_workspace {
     float *hidden;
+    float *partial;
     float *normed;
     float *qkv;
     float *attn;

@@ -52,6 +52,7 @@ glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_rank
     d->max_tokens = o->max_tokens_per_step;
     d->max_batch = o->max_batch;
     d->max_partials = GLMRT_ATTENTION_MAX_SPLITS * d->max_batch;
+    d->bf16_partials = o->all_reduce == GLMRT_ALL_REDUCE_PEER_BF16 && rank->num_ranks > 1;
     if (c->hidden_size % GLMRT_CUDA_PIECE != 0) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "CUDA backend needs hidden_size divisible by %d, got %d",
                                GLMRT_CUDA_PIECE, c->hidden_size);
@@ -112,6 +113,9 @@ void glmrt_cuda_workspace_layout(const glmrt_cuda_dims *d, const glmrt_cuda_step
     int64_t b = d->max_batch;
     memset(ws, 0, sizeof(*ws));
     ws->hidden = glmrt_cuda_arena_array<float>(&arena, t * d->hidden);
+    if (d->bf16_partials) {
+        ws->partial = glmrt_cuda_arena_array<float>(&arena, t * d->hidden);
+    }
     ws->normed = glmrt_cuda_arena_array<float>(&arena, t * d->hidden);
     ws->qkv = glmrt_cuda_arena_array<float>(&arena, t * d->qkv_width);
     ws->attn = glmrt_cuda_arena_array<float>(&arena, t * d->q_width);

@@ -42,8 +42,23 @@ static glmrt_status glmrt_step_reduce(const glmrt_step_context *step, int32_t ro
 {
     glmrt_cuda_state *st = step->state;
     GLMRT_TRY(glmrt_step_check_peers(step));
-    return glmrt_cuda_reduce_hidden(st->comm, &st->peer, &st->ordered, st->ws.hidden,
-                                    (int64_t)rows * st->dims.hidden, step->stream, step->error);
+    const int64_t count = (int64_t)rows * st->dims.hidden;
+    if (st->dims.bf16_partials) {
+        return glmrt_cuda_peer_reduce_bf16_run(&st->peer, st->ws.partial, st->ws.hidden, count, step->stream,
+                                               step->error);
+    }
+    return glmrt_cuda_reduce_hidden(st->comm, &st->peer, &st->ordered, st->ws.hidden, count, step->stream,
+                                    step->error);
+}
+
+static float *glmrt_step_sum_target(const glmrt_step_context *step)
+{
+    return step->state->dims.bf16_partials ? step->state->ws.partial : step->state->ws.hidden;
+}
+
+static int32_t glmrt_step_adds_residual(const glmrt_step_context *step)
+{
+    return step->state->dims.bf16_partials ? 0 : step->state->owns_residual;
 }
 
 static glmrt_status glmrt_step_quantize(const glmrt_step_context *step, const glmrt_cuda_qgemm_operand *out,
@@ -222,8 +237,8 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.max_grid_items = 0;
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, st->capacity.prefill_tokens_per_item, step->stream, step->error));
     GLMRT_TRY(glmrt_step_merge(step));
-    GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, ws->attn, d->q_width, ws->hidden,
-                               d->hidden, t, nullptr, st->owns_residual));
+    GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, ws->attn, d->q_width,
+                               glmrt_step_sum_target(step), d->hidden, t, nullptr, glmrt_step_adds_residual(step)));
     return glmrt_step_reduce(step, t);
 }
 
@@ -429,8 +444,8 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     combine.topk_weights = ws->topk_weights;
     combine.top_k = d->top_k;
     combine.shared_out = layer->has_shared ? ws->shared_out : nullptr;
-    combine.hidden = ws->hidden;
-    combine.add_residual = st->owns_residual;
+    combine.hidden = glmrt_step_sum_target(step);
+    combine.add_residual = glmrt_step_adds_residual(step);
     combine.num_tokens = t;
     combine.hidden_size = d->hidden;
     GLMRT_TRY(glmrt_cuda_moe_combine(&combine, step->stream, step->error));
@@ -441,7 +456,6 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_layer *layer = &st->model.layers[index];
-    glmrt_cuda_workspace *ws = &st->ws;
     GLMRT_TRY(glmrt_layer_attention(step, index));
     const glmrt_cuda_matrix *gate_up = layer->is_moe ? (layer->has_shared ? &layer->shared_gate_up : nullptr)
                                                      : &layer->dense_gate_up;
@@ -450,7 +464,7 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
         return glmrt_layer_moe(step, layer);
     }
     GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, &glmrt_cuda_matmuls::dense_act,
-                                    ws->hidden, st->owns_residual));
+                                    glmrt_step_sum_target(step), glmrt_step_adds_residual(step)));
     return glmrt_step_reduce(step, step->counts->num_tokens);
 }
 

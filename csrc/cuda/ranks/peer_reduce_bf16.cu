@@ -1,0 +1,152 @@
+#include <string.h>
+
+#include "cuda_check.cuh"
+#include "device_math.cuh"
+#include "peer_reduce.cuh"
+#include "peer_reduce_device.cuh"
+
+static __device__ __forceinline__ uint2 glmrt_peer_bf16_pack(float4 v)
+{
+    const uint32_t low = (uint32_t)glmrt_float_to_bf16_bits(v.x) | ((uint32_t)glmrt_float_to_bf16_bits(v.y) << 16);
+    const uint32_t high = (uint32_t)glmrt_float_to_bf16_bits(v.z) | ((uint32_t)glmrt_float_to_bf16_bits(v.w) << 16);
+    return make_uint2(low, high);
+}
+
+static __device__ __forceinline__ float4 glmrt_peer_bf16_unpack(uint2 bits)
+{
+    return glmrt_bf16x4_to_float4(bits.x, bits.y);
+}
+
+static __device__ __forceinline__ uint2 *glmrt_peer_bf16_inbox(const glmrt_peer_reduce_args &a, int32_t receiver,
+                                                               int64_t half, int32_t sender)
+{
+    return reinterpret_cast<uint2 *>(glmrt_peer_inbox(a, receiver, half, sender));
+}
+
+static __device__ __forceinline__ const uint2 *glmrt_peer_bf16_own_inbox(const glmrt_peer_reduce_args &a,
+                                                                         int64_t half, int32_t sender)
+{
+    return reinterpret_cast<const uint2 *>(glmrt_peer_own_inbox(a, half, sender));
+}
+
+static __device__ __forceinline__ uint2 glmrt_peer_bf16_rounded_sum(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                    int64_t i, uint2 own)
+{
+    float4 sum = glmrt_peer_bf16_unpack(a.rank == 0 ? own : __ldcg(glmrt_peer_bf16_own_inbox(a, half, 0) + i));
+#pragma unroll
+    for (int32_t p = 1; p < GLMRT_MAX_DEVICES; ++p) {
+        if (p < a.num_ranks) {
+            glmrt_float4_add(sum,
+                             glmrt_peer_bf16_unpack(p == a.rank ? own : __ldcg(glmrt_peer_bf16_own_inbox(a, half, p) + i)));
+        }
+    }
+    return glmrt_peer_bf16_pack(sum);
+}
+
+static __device__ __forceinline__ void glmrt_peer_bf16_add_to_residual(const glmrt_peer_reduce_args &a, int64_t i,
+                                                                       uint2 rounded)
+{
+    float4 residual = a.residual[i];
+    glmrt_float4_add(residual, glmrt_peer_bf16_unpack(rounded));
+    a.residual[i] = residual;
+}
+
+static __device__ __forceinline__ void glmrt_peer_bf16_send_to_others(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                      int64_t i, uint2 value)
+{
+#pragma unroll
+    for (int32_t q = 0; q < GLMRT_MAX_DEVICES; ++q) {
+        if (q < a.num_ranks && q != a.rank) {
+            glmrt_peer_bf16_inbox(a, q, half, a.rank)[i] = value;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_one_shot_kernel(glmrt_peer_reduce_args a)
+{
+    const unsigned long long epoch = glmrt_peer_next_epoch(a);
+    const int64_t half = (int64_t)(epoch & 1ull);
+    const glmrt_peer_span part = glmrt_peer_block_part(0, a.count4);
+    for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
+        glmrt_peer_bf16_send_to_others(a, half, i, glmrt_peer_bf16_pack(a.x[i]));
+    }
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
+        return;
+    }
+    for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
+        glmrt_peer_bf16_add_to_residual(a, i, glmrt_peer_bf16_rounded_sum(a, half, i, glmrt_peer_bf16_pack(a.x[i])));
+    }
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two_shot_kernel(glmrt_peer_reduce_args a)
+{
+    const unsigned long long epoch = glmrt_peer_next_epoch(a);
+    const int64_t half = (int64_t)(epoch & 1ull);
+    for (int32_t step = 1; step < a.num_ranks; ++step) {
+        const int32_t s = glmrt_peer_rotated(a, step);
+        const glmrt_peer_span part = glmrt_peer_slice_part(a, s);
+        uint2 *inbox = glmrt_peer_bf16_inbox(a, s, half, a.rank);
+        for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
+            inbox[i] = glmrt_peer_bf16_pack(a.x[i]);
+        }
+    }
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
+        return;
+    }
+    const glmrt_peer_span mine = glmrt_peer_slice_part(a, a.rank);
+    for (int64_t i = mine.begin + threadIdx.x; i < mine.end; i += blockDim.x) {
+        const uint2 rounded = glmrt_peer_bf16_rounded_sum(a, half, i, glmrt_peer_bf16_pack(a.x[i]));
+        glmrt_peer_bf16_add_to_residual(a, i, rounded);
+        glmrt_peer_bf16_send_to_others(a, half, i, rounded);
+    }
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SUM, epoch)) {
+        return;
+    }
+    for (int32_t step = 1; step < a.num_ranks; ++step) {
+        const int32_t s = glmrt_peer_rotated(a, step);
+        const glmrt_peer_span part = glmrt_peer_slice_part(a, s);
+        const uint2 *inbox = glmrt_peer_bf16_own_inbox(a, half, s);
+        for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
+            glmrt_peer_bf16_add_to_residual(a, i, __ldcg(inbox + i));
+        }
+    }
+}
+
+glmrt_status glmrt_peer_bf16_resident_blocks(int32_t device, int32_t *blocks, glmrt_error *error)
+{
+    GLMRT_TRY(glmrt_peer_resident_blocks(device, (const void *)glmrt_peer_bf16_one_shot_kernel, blocks, error));
+    return glmrt_peer_resident_blocks(device, (const void *)glmrt_peer_bf16_two_shot_kernel, blocks, error);
+}
+
+glmrt_status glmrt_cuda_peer_reduce_bf16_run_shots(const glmrt_cuda_peer_reduce *peer, const float *partial,
+                                                   float *residual, int64_t count, glmrt_peer_shots shots,
+                                                   cudaStream_t stream, glmrt_error *error)
+{
+    if ((uintptr_t)residual % sizeof(float4) != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "the BF16 peer all-reduce needs a 16-byte aligned residual, got %p", (const void *)residual);
+    }
+    glmrt_peer_reduce_args args;
+    GLMRT_TRY(glmrt_peer_reduce_args_for(peer, const_cast<float *>(partial), count, &args, error));
+    args.residual = reinterpret_cast<float4 *>(residual);
+    if (glmrt_peer_shots_for(count, shots) == GLMRT_PEER_ONE_SHOT) {
+        glmrt_peer_bf16_one_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
+    } else {
+        glmrt_peer_bf16_two_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
+    }
+    cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND,
+                               "the BF16 peer all-reduce of %lld floats failed to launch: %s", (long long)count,
+                               cudaGetErrorString(launched));
+    }
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_peer_reduce_bf16_run(const glmrt_cuda_peer_reduce *peer, const float *partial,
+                                             float *residual, int64_t count, cudaStream_t stream,
+                                             glmrt_error *error)
+{
+    return glmrt_cuda_peer_reduce_bf16_run_shots(peer, partial, residual, count, GLMRT_PEER_SHOTS_BY_SIZE, stream,
+                                                 error);
+}
