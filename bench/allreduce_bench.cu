@@ -15,7 +15,13 @@
 #define GLMRT_BENCH_CALLS 64
 #define GLMRT_BENCH_REPLAYS 20
 
-enum glmrt_bench_method { GLMRT_BENCH_NCCL = 0, GLMRT_BENCH_ONE_SHOT = 1, GLMRT_BENCH_TWO_SHOT = 2 };
+enum glmrt_bench_method {
+    GLMRT_BENCH_NCCL = 0,
+    GLMRT_BENCH_ONE_SHOT = 1,
+    GLMRT_BENCH_TWO_SHOT = 2,
+    GLMRT_BENCH_BF16_ONE_SHOT = 3,
+    GLMRT_BENCH_BF16_TWO_SHOT = 4
+};
 
 typedef struct glmrt_bench_gpus {
     int32_t count;
@@ -85,6 +91,7 @@ static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
     group.ranks = ranks;
     group.capacity = floats;
     group.streams = gpus->streams;
+    group.bf16_partials = 1;
     glmrt_error error;
     glmrt_error_clear(&error);
     if (glmrt_cuda_peer_reduce_open(&group, &gpus->abort_flag, &error) != GLMRT_OK) {
@@ -122,7 +129,8 @@ static void glmrt_bench_close(glmrt_bench_gpus *gpus)
     }
 }
 
-static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *const *buffers, int64_t count)
+static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *const *buffers,
+                               float *const *residuals, int64_t count)
 {
     if (method == GLMRT_BENCH_NCCL) {
         ncclResult_t result = ncclGroupStart();
@@ -139,9 +147,15 @@ static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *co
         if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
             return 1;
         }
-        glmrt_peer_shots shots = method == GLMRT_BENCH_ONE_SHOT ? GLMRT_PEER_ONE_SHOT : GLMRT_PEER_TWO_SHOT;
-        if (glmrt_cuda_peer_reduce_run_shots(&gpus->peers[r], buffers[r], count, shots, gpus->streams[r], &error) !=
-            GLMRT_OK) {
+        const int bf16 = method == GLMRT_BENCH_BF16_ONE_SHOT || method == GLMRT_BENCH_BF16_TWO_SHOT;
+        glmrt_peer_shots shots = method == GLMRT_BENCH_ONE_SHOT || method == GLMRT_BENCH_BF16_ONE_SHOT
+                                     ? GLMRT_PEER_ONE_SHOT
+                                     : GLMRT_PEER_TWO_SHOT;
+        glmrt_status status =
+            bf16 ? glmrt_cuda_peer_reduce_bf16_run_shots(&gpus->peers[r], buffers[r], residuals[r], count, shots,
+                                                         gpus->streams[r], &error)
+                 : glmrt_cuda_peer_reduce_run_shots(&gpus->peers[r], buffers[r], count, shots, gpus->streams[r], &error);
+        if (status != GLMRT_OK) {
             fprintf(stderr, "allreduce_bench: %s\n", error.message);
             return 1;
         }
@@ -235,9 +249,9 @@ static int glmrt_bench_check_rows(glmrt_bench_gpus *gpus, int64_t rows)
     int64_t count = rows * GLMRT_BENCH_HIDDEN;
     if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_fill_inputs(gpus, count, gpus->results) ||
         glmrt_bench_fill_inputs(gpus, count, gpus->second_results) ||
-        glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, count) ||
-        glmrt_bench_enqueue(gpus, GLMRT_BENCH_ONE_SHOT, gpus->results, count) ||
-        glmrt_bench_enqueue(gpus, GLMRT_BENCH_TWO_SHOT, gpus->second_results, count) || glmrt_bench_sync(gpus)) {
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, nullptr, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_ONE_SHOT, gpus->results, nullptr, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_TWO_SHOT, gpus->second_results, nullptr, count) || glmrt_bench_sync(gpus)) {
         return 1;
     }
     glmrt_bench_agreement agreement;
@@ -250,11 +264,44 @@ static int glmrt_bench_check_rows(glmrt_bench_gpus *gpus, int64_t rows)
     return agreement.ranks_agree && agreement.shots_agree ? 0 : 1;
 }
 
+static int glmrt_bench_zero(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
+{
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+            glmrt_bench_cuda(cudaMemsetAsync(targets[r], 0, (size_t)count * sizeof(float), gpus->streams[r]),
+                             "memset")) {
+            return 1;
+        }
+    }
+    return glmrt_bench_sync(gpus);
+}
+
+static int glmrt_bench_check_bf16_rows(glmrt_bench_gpus *gpus, int64_t rows)
+{
+    int64_t count = rows * GLMRT_BENCH_HIDDEN;
+    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_zero(gpus, gpus->results, count) ||
+        glmrt_bench_zero(gpus, gpus->second_results, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_ONE_SHOT, gpus->buffers, gpus->results, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_TWO_SHOT, gpus->buffers, gpus->second_results, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, nullptr, count) || glmrt_bench_sync(gpus)) {
+        return 1;
+    }
+    glmrt_bench_agreement agreement;
+    if (glmrt_bench_compare(gpus, count, &agreement)) {
+        return 1;
+    }
+    printf("check of the BF16 sums over %lld rows: every GPU's sum %s, one-shot and two-shot %s, largest difference "
+           "to NCCL's FP32 sum %.3g\n",
+           (long long)rows, agreement.ranks_agree ? "has the same bits" : "DIFFERS between GPUs",
+           agreement.shots_agree ? "have the same bits" : "DIFFER", agreement.largest_to_nccl);
+    return agreement.ranks_agree && agreement.shots_agree ? 0 : 1;
+}
+
 static int glmrt_bench_check(glmrt_bench_gpus *gpus)
 {
     static const int64_t rows_list[] = {1, 3, 64, GLMRT_BENCH_MAX_ROWS};
     for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
-        if (glmrt_bench_check_rows(gpus, rows_list[i])) {
+        if (glmrt_bench_check_rows(gpus, rows_list[i]) || glmrt_bench_check_bf16_rows(gpus, rows_list[i])) {
             return 1;
         }
     }
@@ -271,7 +318,7 @@ static int glmrt_bench_capture(glmrt_bench_gpus *gpus, int32_t method, int64_t c
     }
     int failed = 0;
     for (int32_t call = 0; call < GLMRT_BENCH_CALLS && !failed; ++call) {
-        failed = glmrt_bench_enqueue(gpus, method, gpus->buffers, count);
+        failed = glmrt_bench_enqueue(gpus, method, gpus->buffers, gpus->results, count);
     }
     cudaGraph_t graphs[GLMRT_MAX_DEVICES];
     memset(graphs, 0, sizeof(graphs));
@@ -340,20 +387,25 @@ static int glmrt_bench_table(glmrt_bench_gpus *gpus)
     static const int32_t rows_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048};
     printf("%d GPUs, hidden %d, fp32 in place, %d all-reduces a CUDA graph, %d replays\n", gpus->count,
            GLMRT_BENCH_HIDDEN, GLMRT_BENCH_CALLS, GLMRT_BENCH_REPLAYS);
-    printf("| rows | KB a GPU | NCCL us | one-shot us | two-shot us | NCCL / faster peer |\n|---|---|---|---|---|---|\n");
+    printf("| rows | KB a GPU | NCCL us | one-shot us | two-shot us | NCCL / faster peer | BF16 one-shot us | BF16 "
+           "two-shot us |\n|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
         int64_t count = (int64_t)rows_list[i] * GLMRT_BENCH_HIDDEN;
         double nccl_us = 0.0;
         double one_us = 0.0;
         double two_us = 0.0;
+        double bf16_one_us = 0.0;
+        double bf16_two_us = 0.0;
         if (glmrt_bench_time(gpus, GLMRT_BENCH_NCCL, count, &nccl_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_ONE_SHOT, count, &one_us) ||
-            glmrt_bench_time(gpus, GLMRT_BENCH_TWO_SHOT, count, &two_us)) {
+            glmrt_bench_time(gpus, GLMRT_BENCH_TWO_SHOT, count, &two_us) ||
+            glmrt_bench_time(gpus, GLMRT_BENCH_BF16_ONE_SHOT, count, &bf16_one_us) ||
+            glmrt_bench_time(gpus, GLMRT_BENCH_BF16_TWO_SHOT, count, &bf16_two_us)) {
             return 1;
         }
         double faster = one_us < two_us ? one_us : two_us;
-        printf("| %d | %.0f | %.2f | %.2f | %.2f | %.2fx |\n", rows_list[i], (double)count * 4.0 / 1024.0, nccl_us,
-               one_us, two_us, nccl_us / faster);
+        printf("| %d | %.0f | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2f |\n", rows_list[i],
+               (double)count * 4.0 / 1024.0, nccl_us, one_us, two_us, nccl_us / faster, bf16_one_us, bf16_two_us);
         fflush(stdout);
     }
     return 0;

@@ -42,6 +42,8 @@ def parse_args(argv):
                         help="replay decode steps from CUDA graphs (the engine's default)")
     parser.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True,
                         help="start each kernel while the one before it finishes (the engine's default)")
+    parser.add_argument("--expert-split", choices=("whole", "columns"), default="whole",
+                        help="how a split model spreads the routed experts (see server.py --help)")
     parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl", "peer-bf16"), default="auto",
                         help="how the GPUs of a split model sum their partials (see server.py --help)")
     parser.add_argument("--json", help="write every measurement to this file")
@@ -191,7 +193,8 @@ def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate):
                     random_seed=args.seed, max_batch=largest,
                     max_tokens_per_step=max(args.max_tokens_per_step, largest), kv_page_size=PAGE_SIZE,
                     kv_num_pages=pages, matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
-                    dependent_launches=args.dependent_launches, all_reduce=args.all_reduce)
+                    dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
+                    expert_split=args.expert_split)
     info = engine.info()
     rng = np.random.default_rng(args.seed)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -226,7 +229,7 @@ def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate):
                           kv_cache_bytes=info.kv_cache_bytes, native_matmuls=info.num_native_matmuls,
                           matmul_precision=args.matmul_precision, decode_graphs=info.num_decode_graphs,
                           dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
-                          decode_graph_bytes=info.decode_graph_bytes,
+                          expert_split=args.expert_split, decode_graph_bytes=info.decode_graph_bytes,
                           workspace_bytes=info.workspace_bytes, kv_num_pages=info.kv_num_pages,
                           pages_free_after=stats.kv_pages_free),
                 prefill=prefill, decode=rows)

@@ -29,6 +29,7 @@ def parse_args(argv):
     parser.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dependent-launches", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl", "peer-bf16"), default="auto")
+    parser.add_argument("--expert-split", choices=("whole", "columns"), default="whole")
     parser.add_argument("--matmul-precision", default="default", choices=("default", "native", "high"))
     parser.add_argument("--launches", default="",
                         help="comma-separated parts of kernel names: list each launch of one step in order, with its time")
@@ -146,7 +147,8 @@ def main(argv):
                     max_batch=max(largest, args.prefill_prompts),
                     max_tokens_per_step=max(2048, largest), kv_page_size=PAGE_SIZE, kv_num_pages=pages,
                     matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
-                    dependent_launches=args.dependent_launches, all_reduce=args.all_reduce)
+                    dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
+                    expert_split=args.expert_split)
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     requests = [engine.create_request(random_prompt(rng, args.context, config["vocab_size"]), params)

@@ -289,6 +289,33 @@ def test_all_reduce_names_are_checked_before_the_library_is_asked(model_dir):
             assert info.all_reduce == native.ALL_REDUCE_NONE
 
 
+def test_expert_split_out_of_range_is_refused_with_its_choices(model_dir):
+    default, status, handle, message = create_with_option(model_dir, "expert_split", 4)
+    assert default == native.EXPERT_SPLIT_WHOLE
+    assert status == native.STATUS_INVALID_ARGUMENT
+    assert not handle
+    assert message == "expert_split must be 0 (whole) or 1 (columns), got 4"
+
+
+def test_expert_split_names_are_checked_and_one_gpu_takes_either(model_dir):
+    from glmrt.engine.engine import Engine
+
+    with pytest.raises(ValueError, match="expert_split must be one of \\['columns', 'whole'\\], got 'rows'"):
+        Engine(model_dir, expert_split="rows")
+    for name in ("whole", "columns"):
+        with open_engine(model_dir, expert_split=name) as engine:
+            assert engine.info().num_devices == 1
+
+
+def test_server_expert_split_option_reaches_the_engine_arguments():
+    from glmrt.serve.options import engine_kwargs, server_parser
+
+    assert engine_kwargs(server_parser().parse_args([]))["expert_split"] == "whole"
+    assert engine_kwargs(server_parser().parse_args(["--expert-split", "columns"]))["expert_split"] == "columns"
+    with pytest.raises(SystemExit):
+        server_parser().parse_args(["--expert-split", "rows"])
+
+
 def test_server_all_reduce_option_reaches_the_engine_arguments():
     from glmrt.serve.options import engine_kwargs, server_parser
 

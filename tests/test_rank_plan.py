@@ -96,3 +96,32 @@ def test_columns_split_in_whole_matmul_steps_and_gpus_past_the_last_step_get_non
     assert [s["shared_count"] for s in ranks] == [16] * 4 + [0] * 4
     assert [s["kv_head_begin"] for s in ranks] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [s["kv_head_count"] for s in ranks] == [1] * 8
+
+
+@pytest.mark.parametrize("num_devices", [1, 2, 4, 8])
+def test_glm47_columns_split_gives_every_gpu_every_expert_and_its_share_of_each_experts_columns(glm47, num_devices):
+    ranks = plan_ranks(glm47, num_devices, expert_split="columns")
+    whole = plan_ranks(glm47, num_devices)
+    width = glm47.moe_intermediate_size
+    assert ranges_tile(ranks, "expert_column_begin", "expert_column_count", width)
+    assert [(r["expert_begin"], r["expert_count"]) for r in ranks] == [(0, glm47.n_routed_experts)] * num_devices
+    assert [r["expert_column_count"] for r in ranks] == [width // num_devices] * num_devices
+    assert [(r["expert_column_begin"], r["expert_column_count"]) for r in whole] == [(0, width)] * num_devices
+    moved = {"expert_begin", "expert_count", "expert_column_begin", "expert_column_count"}
+    for columns_rank, whole_rank in zip(ranks, whole):
+        assert {k: v for k, v in columns_rank.items() if k not in moved} == \
+               {k: v for k, v in whole_rank.items() if k not in moved}
+
+
+def test_columns_split_needs_a_share_of_every_expert_for_every_gpu():
+    config = load_model_config(build_test_model("bf16", seed=3, num_attention_heads=8, num_key_value_heads=4,
+                                                head_dim=32, hidden_size=128, intermediate_size=256,
+                                                moe_intermediate_size=64, n_routed_experts=16, n_group=4,
+                                                topk_group=2, num_experts_per_tok=4))
+    assert [r["expert_column_count"] for r in plan_ranks(config, 4, expert_split="columns")] == [16] * 4
+    with pytest.raises(GlmrtError) as raised:
+        plan_ranks(config, 8, expert_split="columns")
+    assert raised.value.status_name == "UNSUPPORTED"
+    assert "the expert width 64 in blocks of 16 cannot give each of 8 GPUs a share" in raised.value.message
+    with pytest.raises(ValueError, match="expert_split must be one of \\['columns', 'whole'\\], got 'rows'"):
+        plan_ranks(config, 2, expert_split="rows")

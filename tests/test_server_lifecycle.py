@@ -57,10 +57,14 @@ def decoding(record):
     return len(record.token_ids) >= 5
 
 
+def holds_pages_while_running(samples):
+    return samples["glmrt:kv_pages_used"] > 0 and samples["glmrt:num_requests_running"] == 1
+
+
 async def assert_pages_held(server, timeout=2.0):
     deadline = time.monotonic() + timeout
     samples = server.metrics()
-    while samples["glmrt:kv_pages_used"] == 0 and time.monotonic() < deadline:
+    while not holds_pages_while_running(samples) and time.monotonic() < deadline:
         await asyncio.sleep(0.002)
         samples = server.metrics()
     assert samples["glmrt:kv_pages_used"] > 0

@@ -58,4 +58,5 @@ void glmrt_engine_options_default(glmrt_engine_options *options)
     options->decode_graphs = GLMRT_DECODE_GRAPHS_DEFAULT;
     options->dependent_launches = GLMRT_DEPENDENT_LAUNCHES_DEFAULT;
     options->all_reduce = GLMRT_ALL_REDUCE_AUTO;
+    options->expert_split = GLMRT_EXPERT_SPLIT_WHOLE;
 }

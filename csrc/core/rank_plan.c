@@ -65,8 +65,8 @@ static int32_t glmrt_column_unit(const glmrt_model_config *config)
     return glmrt_lcm(glmrt_lcm(rows, cols), GLMRT_RANK_COLUMN_STEP);
 }
 
-glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num_ranks, glmrt_rank_plan *out,
-                                   glmrt_error *error)
+glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num_ranks, int32_t expert_split,
+                                   glmrt_rank_plan *out, glmrt_error *error)
 {
     if (config == NULL || out == NULL) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "rank plan needs a config and an output");
@@ -75,6 +75,11 @@ glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num
     if (num_ranks < 1 || num_ranks > GLMRT_MAX_DEVICES) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "rank plan for %d GPUs, supported 1 to %d",
                                num_ranks, GLMRT_MAX_DEVICES);
+    }
+    if (expert_split != GLMRT_EXPERT_SPLIT_WHOLE && expert_split != GLMRT_EXPERT_SPLIT_COLUMNS) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "expert_split must be %d (whole) or %d (columns), got %d", GLMRT_EXPERT_SPLIT_WHOLE,
+                               GLMRT_EXPERT_SPLIT_COLUMNS, expert_split);
     }
     int32_t heads = config->num_attention_heads;
     int32_t kv_heads = config->num_key_value_heads;
@@ -96,9 +101,15 @@ glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num
     int32_t has_dense = config->first_k_dense_replace > 0 && config->intermediate_size > 0;
     int32_t has_moe = config->first_k_dense_replace < config->num_hidden_layers;
     int32_t unit = glmrt_column_unit(config);
-    if (has_moe && config->n_routed_experts < num_ranks) {
+    int32_t expert_columns = expert_split == GLMRT_EXPERT_SPLIT_COLUMNS;
+    if (has_moe && !expert_columns && config->n_routed_experts < num_ranks) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "%d routed experts cannot give each of %d GPUs one",
                                config->n_routed_experts, num_ranks);
+    }
+    if (has_moe && expert_columns && (config->moe_intermediate_size + unit - 1) / unit < num_ranks) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                               "the expert width %d in blocks of %d cannot give each of %d GPUs a share",
+                               config->moe_intermediate_size, unit, num_ranks);
     }
     if (has_dense && (config->intermediate_size + unit - 1) / unit < num_ranks) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
@@ -129,7 +140,11 @@ glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num
         rank->num_ranks = num_ranks;
         rank->q_heads = glmrt_range_split(heads, num_ranks, r);
         rank->kv_heads = glmrt_kv_heads_for(&rank->q_heads, group);
-        rank->experts = glmrt_range_split(has_moe ? config->n_routed_experts : 0, num_ranks, r);
+        int32_t routed = has_moe ? config->n_routed_experts : 0;
+        rank->experts = expert_columns ? glmrt_range_split(routed, 1, 0) : glmrt_range_split(routed, num_ranks, r);
+        rank->expert_columns =
+            expert_columns ? glmrt_range_split_units(has_moe ? config->moe_intermediate_size : 0, unit, num_ranks, r)
+                           : glmrt_range_split(has_moe ? config->moe_intermediate_size : 0, 1, 0);
         rank->vocab_rows = glmrt_range_split_units(config->vocab_size, unit, num_ranks, r);
         rank->dense_columns = glmrt_range_split_units(has_dense ? config->intermediate_size : 0, unit, num_ranks, r);
         rank->shared_columns = glmrt_range_split_units(has_moe && shared_width > 0 ? shared_width : 0, unit,
@@ -152,10 +167,12 @@ static void glmrt_rank_info_from_rank(const glmrt_rank *rank, glmrt_rank_info *i
     info->dense_count = rank->dense_columns.count;
     info->shared_begin = rank->shared_columns.begin;
     info->shared_count = rank->shared_columns.count;
+    info->expert_column_begin = rank->expert_columns.begin;
+    info->expert_column_count = rank->expert_columns.count;
 }
 
-glmrt_status glmrt_plan_ranks(const glmrt_model_config *config, int32_t num_devices, glmrt_rank_info *out_ranks,
-                              char *error_message, int32_t error_capacity)
+glmrt_status glmrt_plan_ranks(const glmrt_model_config *config, int32_t num_devices, int32_t expert_split,
+                              glmrt_rank_info *out_ranks, char *error_message, int32_t error_capacity)
 {
     glmrt_error error;
     glmrt_error_clear(&error);
@@ -168,7 +185,7 @@ glmrt_status glmrt_plan_ranks(const glmrt_model_config *config, int32_t num_devi
     }
     glmrt_rank_plan plan;
     if (status == GLMRT_OK) {
-        status = glmrt_rank_plan_build(config, num_devices, &plan, &error);
+        status = glmrt_rank_plan_build(config, num_devices, expert_split, &plan, &error);
     }
     if (status == GLMRT_OK) {
         for (int32_t r = 0; r < plan.num_ranks; ++r) {

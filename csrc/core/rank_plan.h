@@ -27,6 +27,7 @@ typedef struct glmrt_rank {
     glmrt_rank_range vocab_rows;
     glmrt_rank_range dense_columns;
     glmrt_rank_range shared_columns;
+    glmrt_rank_range expert_columns;
 } glmrt_rank;
 
 typedef struct glmrt_rank_plan {
@@ -38,8 +39,8 @@ typedef struct glmrt_rank_plan {
 extern "C" {
 #endif
 
-glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num_ranks, glmrt_rank_plan *out,
-                                    glmrt_error *error);
+glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num_ranks, int32_t expert_split,
+                                    glmrt_rank_plan *out, glmrt_error *error);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 11
+#define GLMRT_ABI_VERSION 12
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -67,6 +67,11 @@ enum glmrt_all_reduce {
     GLMRT_ALL_REDUCE_PEER_BF16 = 3
 };
 
+enum glmrt_expert_split {
+    GLMRT_EXPERT_SPLIT_WHOLE = 0,
+    GLMRT_EXPERT_SPLIT_COLUMNS = 1
+};
+
 enum glmrt_finish_reason {
     GLMRT_FINISH_NONE = 0,
     GLMRT_FINISH_STOP = 1,
@@ -122,6 +127,7 @@ typedef struct glmrt_engine_options {
     int32_t decode_graphs;
     int32_t dependent_launches;
     int32_t all_reduce;
+    int32_t expert_split;
 } glmrt_engine_options;
 
 typedef struct glmrt_rank_info {
@@ -137,6 +143,8 @@ typedef struct glmrt_rank_info {
     int32_t dense_count;
     int32_t shared_begin;
     int32_t shared_count;
+    int32_t expert_column_begin;
+    int32_t expert_column_count;
 } glmrt_rank_info;
 
 typedef struct glmrt_sampling_params {
@@ -264,8 +272,8 @@ glmrt_status glmrt_sample_logits(const float *logits, int32_t vocab_size, const 
 glmrt_status glmrt_sampling_probabilities(const float *logits, int32_t vocab_size,
                                           const glmrt_sampling_params *params, const glmrt_token *history,
                                           int32_t num_prompt_tokens, int32_t num_history, float *out_probs);
-glmrt_status glmrt_plan_ranks(const glmrt_model_config *config, int32_t num_devices, glmrt_rank_info *out_ranks,
-                              char *error_message, int32_t error_capacity);
+glmrt_status glmrt_plan_ranks(const glmrt_model_config *config, int32_t num_devices, int32_t expert_split,
+                              glmrt_rank_info *out_ranks, char *error_message, int32_t error_capacity);
 glmrt_status glmrt_model_config_check(const glmrt_model_config *config, char *error_message, int32_t error_capacity);
 glmrt_status glmrt_checkpoint_validate(const char *model_dir, const glmrt_model_config *config,
                                         char *error_message, int32_t error_capacity);

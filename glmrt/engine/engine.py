@@ -17,6 +17,7 @@ ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER, "
 
 
 ALL_REDUCE_NAMES = {number: name for name, number in ALL_REDUCES.items() if name != "auto"}
+EXPERT_SPLITS = native.EXPERT_SPLITS
 
 
 def all_reduce_name(value):
@@ -148,13 +149,15 @@ class Engine:
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
                  matmul_precision="default", decode_graphs=True,
-                 dependent_launches=True, all_reduce="auto"):
+                 dependent_launches=True, all_reduce="auto", expert_split="whole"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if matmul_precision not in MATMUL_PRECISIONS:
             raise ValueError(f"matmul_precision must be one of {sorted(MATMUL_PRECISIONS)}, got {matmul_precision!r}")
         if all_reduce not in ALL_REDUCES:
             raise ValueError(f"all_reduce must be one of {sorted(ALL_REDUCES)}, got {all_reduce!r}")
+        if expert_split not in EXPERT_SPLITS:
+            raise ValueError(f"expert_split must be one of {sorted(EXPERT_SPLITS)}, got {expert_split!r}")
         self.backend = backend
         self.model_dir = str(model_dir)
         self.config = config if config is not None else load_model_config(model_dir,
@@ -180,6 +183,7 @@ class Engine:
         options.dependent_launches = (native.DEPENDENT_LAUNCHES_DEFAULT if dependent_launches
                                       else native.DEPENDENT_LAUNCHES_OFF)
         options.all_reduce = ALL_REDUCES[all_reduce]
+        options.expert_split = EXPERT_SPLITS[expert_split]
         self._native_config = native_model_config(self.config)
         handle = native.engine_p()
         message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)

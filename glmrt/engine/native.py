@@ -7,7 +7,7 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 11
+GLMRT_ABI_VERSION = 12
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
@@ -23,6 +23,9 @@ ALL_REDUCE_NCCL = 0
 ALL_REDUCE_PEER = 1
 ALL_REDUCE_AUTO = 2
 ALL_REDUCE_PEER_BF16 = 3
+EXPERT_SPLIT_WHOLE = 0
+EXPERT_SPLIT_COLUMNS = 1
+EXPERT_SPLITS = {"whole": EXPERT_SPLIT_WHOLE, "columns": EXPERT_SPLIT_COLUMNS}
 
 QUANT_NONE = 0
 QUANT_FP8_CHANNEL = 1
@@ -89,13 +92,15 @@ class EngineOptionsStruct(ctypes.Structure):
         ("decode_graphs", ctypes.c_int32),
         ("dependent_launches", ctypes.c_int32),
         ("all_reduce", ctypes.c_int32),
+        ("expert_split", ctypes.c_int32),
     ]
 
 
 class RankInfoStruct(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in (
         "q_head_begin", "q_head_count", "kv_head_begin", "kv_head_count", "expert_begin", "expert_count",
-        "vocab_begin", "vocab_count", "dense_begin", "dense_count", "shared_begin", "shared_count")]
+        "vocab_begin", "vocab_count", "dense_begin", "dense_count", "shared_begin", "shared_count",
+        "expert_column_begin", "expert_column_count")]
 
 
 class SamplingParamsStruct(ctypes.Structure):
@@ -221,7 +226,7 @@ SIGNATURES = {
                                          ctypes.c_int64]),
     "glmrt_fp8_e4m3_encode": (c_status, [ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_uint8),
                                          ctypes.c_int64]),
-    "glmrt_plan_ranks": (c_status, [ctypes.POINTER(ModelConfigStruct), ctypes.c_int32,
+    "glmrt_plan_ranks": (c_status, [ctypes.POINTER(ModelConfigStruct), ctypes.c_int32, ctypes.c_int32,
                                             ctypes.POINTER(RankInfoStruct), ctypes.c_char_p, ctypes.c_int32]),
     "glmrt_checkpoint_validate": (c_status, [ctypes.c_char_p, ctypes.POINTER(ModelConfigStruct), ctypes.c_char_p,
                                              ctypes.c_int32]),

@@ -11,13 +11,15 @@ def raise_for_status(status, message):
         raise GlmrtError(status, message)
 
 
-def plan_ranks(config, num_devices):
+def plan_ranks(config, num_devices, expert_split="whole"):
     if not 1 <= num_devices <= native.GLMRT_MAX_DEVICES:
         raise ValueError(f"num_devices must be in [1, {native.GLMRT_MAX_DEVICES}], got {num_devices}")
+    if expert_split not in native.EXPERT_SPLITS:
+        raise ValueError(f"expert_split must be one of {sorted(native.EXPERT_SPLITS)}, got {expert_split!r}")
     library = native.load_library(native.BACKEND_CPU)
     ranks = (native.RankInfoStruct * num_devices)()
     raise_for_status(*call_with_message(library.glmrt_plan_ranks, ctypes.byref(native_model_config(config)),
-                                        num_devices, ranks))
+                                        num_devices, native.EXPERT_SPLITS[expert_split], ranks))
     return [{name: getattr(rank, name) for name, _ in native.RankInfoStruct._fields_} for rank in ranks]
 
 

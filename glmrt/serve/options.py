@@ -86,6 +86,11 @@ def add_engine_options(parser):
                             "every GPU can reach every other one's memory, nccl otherwise); all three give the same "
                             "bits. peer-bf16 is peer with the partials and their sum sent rounded to BF16 (half the "
                             "bytes; the residual stays FP32 on every GPU), which rounds where the others do not")
+    group.add_argument("--expert-split", choices=("whole", "columns"), default="whole",
+                       help="how a split model spreads the routed experts: whole (the default: each GPU holds whole "
+                            "experts, a contiguous share of them) or columns (each GPU holds its share of every "
+                            "expert's intermediate columns, as the shared expert is split, so one token's experts "
+                            "load every GPU alike)")
     return group
 
 
@@ -169,7 +174,8 @@ def engine_kwargs(args):
                   kv_memory_fraction=args.kv_memory_fraction, random_weights=args.random_weights,
                   num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
                   matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
-                  dependent_launches=args.dependent_launches, all_reduce=args.all_reduce)
+                  dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
+                  expert_split=args.expert_split)
     if args.kv_pages is not None:
         kwargs["kv_num_pages"] = args.kv_pages
     elif args.backend == "cuda":

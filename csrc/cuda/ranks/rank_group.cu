@@ -463,7 +463,8 @@ static glmrt_status glmrt_group_check_devices(glmrt_cuda_group *group)
 static glmrt_status glmrt_group_build(glmrt_cuda_group *group)
 {
     glmrt_engine *engine = group->engine;
-    GLMRT_TRY(glmrt_rank_plan_build(&engine->config, group->num_ranks, &group->plan, &engine->error));
+    GLMRT_TRY(glmrt_rank_plan_build(&engine->config, group->num_ranks, engine->options.expert_split, &group->plan,
+                                    &engine->error));
     GLMRT_TRY(glmrt_group_check_devices(group));
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         glmrt_cuda_state *st = (glmrt_cuda_state *)calloc(1, sizeof(glmrt_cuda_state));

@@ -60,7 +60,7 @@ glmrt_status glmrt_cuda_dims_derive(const glmrt_engine *engine, const glmrt_rank
     if (!d->has_moe) {
         return GLMRT_OK;
     }
-    d->expert_width = c->moe_intermediate_size;
+    d->expert_width = rank->expert_columns.count;
     d->num_experts = c->n_routed_experts;
     d->num_local_experts = rank->experts.count;
     d->top_k = c->num_experts_per_tok;

@@ -324,15 +324,17 @@ static glmrt_status glmrt_layout_moe(glmrt_layout_walk *walk, int32_t index, con
                                            GLMRT_CUDA_VECTOR_ROUTER_BIAS, src != nullptr ? &src->router_bias : nullptr,
                                            c->n_routed_experts, &status);
     GLMRT_TRY(status);
+    const glmrt_rank_range *columns = &walk->rank->expert_columns;
     glmrt_spec_init(&spec, "mlp.experts.gate_up_proj", index, hidden);
     spec.num_groups = walk->rank->experts.count;
     spec.group_begin = walk->rank->experts.begin;
-    glmrt_spec_add(&spec, nullptr, width);
-    glmrt_spec_add(&spec, nullptr, width);
+    glmrt_spec_add_rows(&spec, nullptr, columns->begin, columns->count);
+    glmrt_spec_add_rows(&spec, nullptr, columns->begin, columns->count);
     spec.group_parts[0] = src != nullptr ? src->expert_gate : nullptr;
     spec.group_parts[1] = src != nullptr ? src->expert_up : nullptr;
     GLMRT_TRY(glmrt_place_matrix(walk, &spec, &layer->experts_gate_up));
-    glmrt_spec_init(&spec, "mlp.experts.down_proj", index, width);
+    glmrt_spec_init(&spec, "mlp.experts.down_proj", index, columns->count);
+    glmrt_spec_slice_columns(&spec, columns->begin, width);
     spec.num_groups = walk->rank->experts.count;
     spec.group_begin = walk->rank->experts.begin;
     glmrt_spec_add(&spec, nullptr, hidden);
