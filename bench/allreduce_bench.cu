@@ -244,6 +244,18 @@ static int glmrt_bench_compare(glmrt_bench_gpus *gpus, int64_t count, glmrt_benc
     return failed;
 }
 
+static int glmrt_bench_report(glmrt_bench_gpus *gpus, int64_t rows, const char *what, const char *reference)
+{
+    glmrt_bench_agreement agreement;
+    if (glmrt_bench_compare(gpus, rows * GLMRT_BENCH_HIDDEN, &agreement)) {
+        return 1;
+    }
+    printf("%s over %lld rows: every GPU's sum %s, one-shot and two-shot %s, largest difference to %s %.3g\n", what,
+           (long long)rows, agreement.ranks_agree ? "has the same bits" : "DIFFERS between GPUs",
+           agreement.shots_agree ? "have the same bits" : "DIFFER", reference, agreement.largest_to_nccl);
+    return agreement.ranks_agree && agreement.shots_agree ? 0 : 1;
+}
+
 static int glmrt_bench_check_rows(glmrt_bench_gpus *gpus, int64_t rows)
 {
     int64_t count = rows * GLMRT_BENCH_HIDDEN;
@@ -254,14 +266,7 @@ static int glmrt_bench_check_rows(glmrt_bench_gpus *gpus, int64_t rows)
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_TWO_SHOT, gpus->second_results, nullptr, count) || glmrt_bench_sync(gpus)) {
         return 1;
     }
-    glmrt_bench_agreement agreement;
-    if (glmrt_bench_compare(gpus, count, &agreement)) {
-        return 1;
-    }
-    printf("check over %lld rows: every GPU's sum %s, one-shot and two-shot %s, largest difference to NCCL's %.3g\n",
-           (long long)rows, agreement.ranks_agree ? "has the same bits" : "DIFFERS between GPUs",
-           agreement.shots_agree ? "have the same bits" : "DIFFER", agreement.largest_to_nccl);
-    return agreement.ranks_agree && agreement.shots_agree ? 0 : 1;
+    return glmrt_bench_report(gpus, rows, "check", "NCCL's");
 }
 
 static int glmrt_bench_zero(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
@@ -286,15 +291,7 @@ static int glmrt_bench_check_bf16_rows(glmrt_bench_gpus *gpus, int64_t rows)
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, nullptr, count) || glmrt_bench_sync(gpus)) {
         return 1;
     }
-    glmrt_bench_agreement agreement;
-    if (glmrt_bench_compare(gpus, count, &agreement)) {
-        return 1;
-    }
-    printf("check of the BF16 sums over %lld rows: every GPU's sum %s, one-shot and two-shot %s, largest difference "
-           "to NCCL's FP32 sum %.3g\n",
-           (long long)rows, agreement.ranks_agree ? "has the same bits" : "DIFFERS between GPUs",
-           agreement.shots_agree ? "have the same bits" : "DIFFER", agreement.largest_to_nccl);
-    return agreement.ranks_agree && agreement.shots_agree ? 0 : 1;
+    return glmrt_bench_report(gpus, rows, "check of the BF16 sums", "NCCL's FP32 sum");
 }
 
 static int glmrt_bench_check(glmrt_bench_gpus *gpus)

@@ -14,6 +14,11 @@ static glmrt_rank_range glmrt_range_split(int32_t total, int32_t parts, int32_t 
     return range;
 }
 
+static glmrt_rank_range glmrt_range_whole(int32_t total)
+{
+    return glmrt_range_split(total, 1, 0);
+}
+
 static glmrt_rank_range glmrt_kv_heads_for(const glmrt_rank_range *q_heads, int32_t group)
 {
     glmrt_rank_range range;
@@ -141,10 +146,10 @@ glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num
         rank->q_heads = glmrt_range_split(heads, num_ranks, r);
         rank->kv_heads = glmrt_kv_heads_for(&rank->q_heads, group);
         int32_t routed = has_moe ? config->n_routed_experts : 0;
-        rank->experts = expert_columns ? glmrt_range_split(routed, 1, 0) : glmrt_range_split(routed, num_ranks, r);
-        rank->expert_columns =
-            expert_columns ? glmrt_range_split_units(has_moe ? config->moe_intermediate_size : 0, unit, num_ranks, r)
-                           : glmrt_range_split(has_moe ? config->moe_intermediate_size : 0, 1, 0);
+        int32_t expert_width = has_moe ? config->moe_intermediate_size : 0;
+        rank->experts = expert_columns ? glmrt_range_whole(routed) : glmrt_range_split(routed, num_ranks, r);
+        rank->expert_columns = expert_columns ? glmrt_range_split_units(expert_width, unit, num_ranks, r)
+                                              : glmrt_range_whole(expert_width);
         rank->vocab_rows = glmrt_range_split_units(config->vocab_size, unit, num_ranks, r);
         rank->dense_columns = glmrt_range_split_units(has_dense ? config->intermediate_size : 0, unit, num_ranks, r);
         rank->shared_columns = glmrt_range_split_units(has_moe && shared_width > 0 ? shared_width : 0, unit,

@@ -16,7 +16,7 @@ static __device__ __forceinline__ float4 glmrt_peer_ordered_sum(const glmrt_peer
 #pragma unroll
     for (int32_t p = 0; p < GLMRT_MAX_DEVICES; ++p) {
         if (p < a.num_ranks) {
-            values[p] = p == a.rank ? a.x[i] : __ldcg(glmrt_peer_own_inbox(a, half, p) + i);
+            values[p] = p == a.rank ? a.x[i] : __ldcg(glmrt_peer_own_inbox<float4>(a, half, p) + i);
         }
     }
     float4 sum = values[0];
@@ -27,17 +27,6 @@ static __device__ __forceinline__ float4 glmrt_peer_ordered_sum(const glmrt_peer
         }
     }
     return sum;
-}
-
-static __device__ __forceinline__ void glmrt_peer_send_to_others(const glmrt_peer_reduce_args &a, int64_t half,
-                                                                 int64_t i, const float4 &value)
-{
-#pragma unroll
-    for (int32_t q = 0; q < GLMRT_MAX_DEVICES; ++q) {
-        if (q < a.num_ranks && q != a.rank) {
-            glmrt_peer_inbox(a, q, half, a.rank)[i] = value;
-        }
-    }
 }
 
 static __device__ __forceinline__ void glmrt_peer_copy_part(float4 *target, const float4 *source, glmrt_peer_span part)
@@ -80,7 +69,7 @@ static __device__ void glmrt_peer_send_slices(const glmrt_peer_reduce_args &a, i
 {
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
-        glmrt_peer_copy_part(glmrt_peer_inbox(a, s, half, a.rank), a.x, glmrt_peer_slice_part(a, s));
+        glmrt_peer_copy_part(glmrt_peer_inbox<float4>(a, s, half, a.rank), a.x, glmrt_peer_slice_part(a, s));
     }
 }
 
@@ -88,7 +77,7 @@ static __device__ void glmrt_peer_take_slices(const glmrt_peer_reduce_args &a, i
 {
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
-        glmrt_peer_copy_part(a.x, glmrt_peer_own_inbox(a, half, s), glmrt_peer_slice_part(a, s));
+        glmrt_peer_copy_part(a.x, glmrt_peer_own_inbox<float4>(a, half, s), glmrt_peer_slice_part(a, s));
     }
 }
 

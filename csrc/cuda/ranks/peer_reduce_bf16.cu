@@ -17,27 +17,15 @@ static __device__ __forceinline__ float4 glmrt_peer_bf16_unpack(uint2 bits)
     return glmrt_bf16x4_to_float4(bits.x, bits.y);
 }
 
-static __device__ __forceinline__ uint2 *glmrt_peer_bf16_inbox(const glmrt_peer_reduce_args &a, int32_t receiver,
-                                                               int64_t half, int32_t sender)
-{
-    return reinterpret_cast<uint2 *>(glmrt_peer_inbox(a, receiver, half, sender));
-}
-
-static __device__ __forceinline__ const uint2 *glmrt_peer_bf16_own_inbox(const glmrt_peer_reduce_args &a,
-                                                                         int64_t half, int32_t sender)
-{
-    return reinterpret_cast<const uint2 *>(glmrt_peer_own_inbox(a, half, sender));
-}
-
 static __device__ __forceinline__ uint2 glmrt_peer_bf16_rounded_sum(const glmrt_peer_reduce_args &a, int64_t half,
                                                                     int64_t i, uint2 own)
 {
-    float4 sum = glmrt_peer_bf16_unpack(a.rank == 0 ? own : __ldcg(glmrt_peer_bf16_own_inbox(a, half, 0) + i));
+    float4 sum = glmrt_peer_bf16_unpack(a.rank == 0 ? own : __ldcg(glmrt_peer_own_inbox<uint2>(a, half, 0) + i));
 #pragma unroll
     for (int32_t p = 1; p < GLMRT_MAX_DEVICES; ++p) {
         if (p < a.num_ranks) {
             glmrt_float4_add(sum,
-                             glmrt_peer_bf16_unpack(p == a.rank ? own : __ldcg(glmrt_peer_bf16_own_inbox(a, half, p) + i)));
+                             glmrt_peer_bf16_unpack(p == a.rank ? own : __ldcg(glmrt_peer_own_inbox<uint2>(a, half, p) + i)));
         }
     }
     return glmrt_peer_bf16_pack(sum);
@@ -51,24 +39,13 @@ static __device__ __forceinline__ void glmrt_peer_bf16_add_to_residual(const glm
     a.residual[i] = residual;
 }
 
-static __device__ __forceinline__ void glmrt_peer_bf16_send_to_others(const glmrt_peer_reduce_args &a, int64_t half,
-                                                                      int64_t i, uint2 value)
-{
-#pragma unroll
-    for (int32_t q = 0; q < GLMRT_MAX_DEVICES; ++q) {
-        if (q < a.num_ranks && q != a.rank) {
-            glmrt_peer_bf16_inbox(a, q, half, a.rank)[i] = value;
-        }
-    }
-}
-
 __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_one_shot_kernel(glmrt_peer_reduce_args a)
 {
     const unsigned long long epoch = glmrt_peer_next_epoch(a);
     const int64_t half = (int64_t)(epoch & 1ull);
     const glmrt_peer_span part = glmrt_peer_block_part(0, a.count4);
     for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
-        glmrt_peer_bf16_send_to_others(a, half, i, glmrt_peer_bf16_pack(a.x[i]));
+        glmrt_peer_send_to_others(a, half, i, glmrt_peer_bf16_pack(a.x[i]));
     }
     if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
         return;
@@ -85,7 +62,7 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
         const glmrt_peer_span part = glmrt_peer_slice_part(a, s);
-        uint2 *inbox = glmrt_peer_bf16_inbox(a, s, half, a.rank);
+        uint2 *inbox = glmrt_peer_inbox<uint2>(a, s, half, a.rank);
         for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
             inbox[i] = glmrt_peer_bf16_pack(a.x[i]);
         }
@@ -97,7 +74,7 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two
     for (int64_t i = mine.begin + threadIdx.x; i < mine.end; i += blockDim.x) {
         const uint2 rounded = glmrt_peer_bf16_rounded_sum(a, half, i, glmrt_peer_bf16_pack(a.x[i]));
         glmrt_peer_bf16_add_to_residual(a, i, rounded);
-        glmrt_peer_bf16_send_to_others(a, half, i, rounded);
+        glmrt_peer_send_to_others(a, half, i, rounded);
     }
     if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SUM, epoch)) {
         return;
@@ -105,7 +82,7 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
         const glmrt_peer_span part = glmrt_peer_slice_part(a, s);
-        const uint2 *inbox = glmrt_peer_bf16_own_inbox(a, half, s);
+        const uint2 *inbox = glmrt_peer_own_inbox<uint2>(a, half, s);
         for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
             glmrt_peer_bf16_add_to_residual(a, i, __ldcg(inbox + i));
         }

@@ -116,16 +116,30 @@ static __device__ __forceinline__ int64_t glmrt_peer_slot_offset(const glmrt_pee
     return (half * a.num_ranks + sender) * a.capacity;
 }
 
-static __device__ __forceinline__ float4 *glmrt_peer_inbox(const glmrt_peer_reduce_args &a, int32_t receiver,
-                                                           int64_t half, int32_t sender)
+template <typename PAYLOAD>
+static __device__ __forceinline__ PAYLOAD *glmrt_peer_inbox(const glmrt_peer_reduce_args &a, int32_t receiver,
+                                                            int64_t half, int32_t sender)
 {
-    return reinterpret_cast<float4 *>(a.peer_staging[receiver] + glmrt_peer_slot_offset(a, half, sender));
+    return reinterpret_cast<PAYLOAD *>(a.peer_staging[receiver] + glmrt_peer_slot_offset(a, half, sender));
 }
 
-static __device__ __forceinline__ const float4 *glmrt_peer_own_inbox(const glmrt_peer_reduce_args &a, int64_t half,
-                                                                     int32_t sender)
+template <typename PAYLOAD>
+static __device__ __forceinline__ const PAYLOAD *glmrt_peer_own_inbox(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                      int32_t sender)
 {
-    return reinterpret_cast<const float4 *>(a.own_staging + glmrt_peer_slot_offset(a, half, sender));
+    return reinterpret_cast<const PAYLOAD *>(a.own_staging + glmrt_peer_slot_offset(a, half, sender));
+}
+
+template <typename PAYLOAD>
+static __device__ __forceinline__ void glmrt_peer_send_to_others(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                 int64_t i, const PAYLOAD &value)
+{
+#pragma unroll
+    for (int32_t q = 0; q < GLMRT_MAX_DEVICES; ++q) {
+        if (q < a.num_ranks && q != a.rank) {
+            glmrt_peer_inbox<PAYLOAD>(a, q, half, a.rank)[i] = value;
+        }
+    }
 }
 
 static __device__ __forceinline__ int32_t glmrt_peer_rotated(const glmrt_peer_reduce_args &a, int32_t step)

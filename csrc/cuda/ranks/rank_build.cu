@@ -129,7 +129,7 @@ glmrt_status glmrt_cuda_rank_load(glmrt_cuda_state *st)
     GLMRT_TRY(glmrt_cuda_dims_derive(engine, &st->rank, &st->dims, st->error));
     GLMRT_TRY(glmrt_cuda_open_device(st));
     GLMRT_TRY(glmrt_cuda_attention_prepare(st->dims.head_dim, st->dims.group, st->error));
-    st->owns_residual = st->rank.index == 0;
+    st->owns_residual = st->rank.index == 0 && !st->dims.bf16_partials;
     st->rms_eps = engine->config.rms_norm_eps;
     st->attention_scale = 1.0f / sqrtf((float)st->dims.head_dim);
     GLMRT_TRY(glmrt_cuda_load_weights(st));

@@ -269,11 +269,16 @@ static glmrt_status glmrt_group_gather_once(glmrt_cuda_group *group, float *cons
     return glmrt_group_settle(group, result, ncclGroupEnd(), "gather of the logits");
 }
 
+static int64_t glmrt_group_sum_capacity(const glmrt_cuda_group *group)
+{
+    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
+    return (int64_t)d->max_tokens * d->hidden;
+}
+
 static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
 {
     glmrt_error *error = &group->engine->error;
-    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
-    int64_t largest = (int64_t)d->max_tokens * d->hidden;
+    int64_t largest = glmrt_group_sum_capacity(group);
     float *buffers[GLMRT_MAX_DEVICES];
     memset(buffers, 0, sizeof(buffers));
     glmrt_status status = GLMRT_OK;
@@ -312,7 +317,6 @@ static glmrt_status glmrt_group_warm_up(glmrt_cuda_group *group)
 
 static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int32_t *devices)
 {
-    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
     glmrt_cuda_peer_reduce *peers[GLMRT_MAX_DEVICES];
     cudaStream_t streams[GLMRT_MAX_DEVICES];
     for (int32_t r = 0; r < group->num_ranks; ++r) {
@@ -323,7 +327,7 @@ static glmrt_status glmrt_group_connect_peers(glmrt_cuda_group *group, const int
     peer_group.num_ranks = group->num_ranks;
     peer_group.devices = devices;
     peer_group.ranks = peers;
-    peer_group.capacity = (int64_t)d->max_tokens * d->hidden;
+    peer_group.capacity = glmrt_group_sum_capacity(group);
     peer_group.streams = streams;
     peer_group.bf16_partials = group->all_reduce == GLMRT_ALL_REDUCE_PEER_BF16;
     return glmrt_cuda_peer_reduce_open(&peer_group, &group->peer_abort, &group->engine->error);
@@ -342,8 +346,7 @@ static glmrt_status glmrt_group_all_gather_once(glmrt_cuda_group *group, int64_t
 
 static glmrt_status glmrt_group_prepare_ordered_sums(glmrt_cuda_group *group)
 {
-    const glmrt_cuda_dims *d = &group->ranks[0]->dims;
-    int64_t capacity = (int64_t)d->max_tokens * d->hidden;
+    int64_t capacity = glmrt_group_sum_capacity(group);
     for (int32_t r = 0; r < group->num_ranks; ++r) {
         glmrt_cuda_state *st = group->ranks[r];
         GLMRT_TRY(glmrt_cuda_ordered_gather_allocate(&st->ordered, st->device, group->num_ranks, capacity,

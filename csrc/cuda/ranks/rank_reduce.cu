@@ -77,11 +77,14 @@ static glmrt_status glmrt_cuda_ordered_sum(ncclComm_t comm, const glmrt_cuda_ord
 }
 
 glmrt_status glmrt_cuda_reduce_hidden(ncclComm_t comm, const glmrt_cuda_peer_reduce *peer,
-                                      const glmrt_cuda_ordered_gather *gather, float *hidden, int64_t count,
-                                      cudaStream_t stream, glmrt_error *error)
+                                      const glmrt_cuda_ordered_gather *gather, const float *partials, float *hidden,
+                                      int64_t count, cudaStream_t stream, glmrt_error *error)
 {
     if (comm == nullptr || count <= 0) {
         return GLMRT_OK;
+    }
+    if (partials != nullptr) {
+        return glmrt_cuda_peer_reduce_bf16_run(peer, partials, hidden, count, stream, error);
     }
     if (glmrt_cuda_peer_reduce_fits(peer, count)) {
         return glmrt_cuda_peer_reduce_run(peer, hidden, count, stream, error);

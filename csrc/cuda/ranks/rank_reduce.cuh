@@ -22,7 +22,7 @@ glmrt_status glmrt_cuda_ordered_gather_allocate(glmrt_cuda_ordered_gather *gathe
                                                 int64_t capacity, glmrt_error *error);
 void glmrt_cuda_ordered_gather_release(glmrt_cuda_ordered_gather *gather);
 glmrt_status glmrt_cuda_reduce_hidden(ncclComm_t comm, const glmrt_cuda_peer_reduce *peer,
-                                      const glmrt_cuda_ordered_gather *gather, float *hidden, int64_t count,
-                                      cudaStream_t stream, glmrt_error *error);
+                                      const glmrt_cuda_ordered_gather *gather, const float *partials, float *hidden,
+                                      int64_t count, cudaStream_t stream, glmrt_error *error);
 
 #endif

@@ -42,23 +42,13 @@ static glmrt_status glmrt_step_reduce(const glmrt_step_context *step, int32_t ro
 {
     glmrt_cuda_state *st = step->state;
     GLMRT_TRY(glmrt_step_check_peers(step));
-    const int64_t count = (int64_t)rows * st->dims.hidden;
-    if (st->dims.bf16_partials) {
-        return glmrt_cuda_peer_reduce_bf16_run(&st->peer, st->ws.partial, st->ws.hidden, count, step->stream,
-                                               step->error);
-    }
-    return glmrt_cuda_reduce_hidden(st->comm, &st->peer, &st->ordered, st->ws.hidden, count, step->stream,
-                                    step->error);
+    return glmrt_cuda_reduce_hidden(st->comm, &st->peer, &st->ordered, st->ws.partial, st->ws.hidden,
+                                    (int64_t)rows * st->dims.hidden, step->stream, step->error);
 }
 
 static float *glmrt_step_sum_target(const glmrt_step_context *step)
 {
-    return step->state->dims.bf16_partials ? step->state->ws.partial : step->state->ws.hidden;
-}
-
-static int32_t glmrt_step_adds_residual(const glmrt_step_context *step)
-{
-    return step->state->dims.bf16_partials ? 0 : step->state->owns_residual;
+    return step->state->ws.partial != nullptr ? step->state->ws.partial : step->state->ws.hidden;
 }
 
 static glmrt_status glmrt_step_quantize(const glmrt_step_context *step, const glmrt_cuda_qgemm_operand *out,
@@ -238,7 +228,7 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, st->capacity.prefill_tokens_per_item, step->stream, step->error));
     GLMRT_TRY(glmrt_step_merge(step));
     GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, ws->attn, d->q_width,
-                               glmrt_step_sum_target(step), d->hidden, t, nullptr, glmrt_step_adds_residual(step)));
+                               glmrt_step_sum_target(step), d->hidden, t, nullptr, st->owns_residual));
     return glmrt_step_reduce(step, t);
 }
 
@@ -445,7 +435,7 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     combine.top_k = d->top_k;
     combine.shared_out = layer->has_shared ? ws->shared_out : nullptr;
     combine.hidden = glmrt_step_sum_target(step);
-    combine.add_residual = glmrt_step_adds_residual(step);
+    combine.add_residual = st->owns_residual;
     combine.num_tokens = t;
     combine.hidden_size = d->hidden;
     GLMRT_TRY(glmrt_cuda_moe_combine(&combine, step->stream, step->error));
@@ -464,7 +454,7 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
         return glmrt_layer_moe(step, layer);
     }
     GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->dense_gate_up, &layer->dense_down, &glmrt_cuda_matmuls::dense_act,
-                                    glmrt_step_sum_target(step), glmrt_step_adds_residual(step)));
+                                    glmrt_step_sum_target(step), st->owns_residual));
     return glmrt_step_reduce(step, step->counts->num_tokens);
 }
 
