@@ -153,7 +153,7 @@ def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_dev
 
 @pytest.mark.parametrize("num_devices", splits_available())
 def test_peer_bf16_sums_stay_near_the_fp32_sums_and_keep_the_residual_on_every_gpu(num_devices):
-    model_dir = wide_model("fp8-block")
+    model_dir = wide_model("bf16")
     with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as fp32, \
             Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer-bf16",
                    **ENGINE_OPTIONS) as bf16:

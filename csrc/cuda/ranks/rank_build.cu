@@ -32,6 +32,16 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     if (st->step_finished != nullptr) {
         cudaEventDestroy(st->step_finished);
     }
+    if (st->shared_stream != nullptr) {
+        cudaStreamSynchronize(st->shared_stream);
+        cudaStreamDestroy(st->shared_stream);
+    }
+    if (st->shared_fork != nullptr) {
+        cudaEventDestroy(st->shared_fork);
+    }
+    if (st->shared_join != nullptr) {
+        cudaEventDestroy(st->shared_join);
+    }
     if (st->stream != nullptr) {
         cudaStreamDestroy(st->stream);
     }
@@ -44,6 +54,9 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     st->step_started = nullptr;
     st->step_finished = nullptr;
     st->stream = nullptr;
+    st->shared_stream = nullptr;
+    st->shared_fork = nullptr;
+    st->shared_join = nullptr;
 }
 
 static glmrt_status glmrt_cuda_device_alloc(glmrt_cuda_state *st, void **out, int64_t bytes, const char *what)
@@ -84,6 +97,9 @@ static glmrt_status glmrt_cuda_open_device(glmrt_cuda_state *st)
         snprintf(info->device_name, sizeof(info->device_name), "%.127s", prop.name);
     }
     GLMRT_CUDA_TRY(st->error, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    GLMRT_CUDA_TRY(st->error, cudaStreamCreateWithFlags(&st->shared_stream, cudaStreamNonBlocking));
+    GLMRT_CUDA_TRY(st->error, cudaEventCreateWithFlags(&st->shared_fork, cudaEventDisableTiming));
+    GLMRT_CUDA_TRY(st->error, cudaEventCreateWithFlags(&st->shared_join, cudaEventDisableTiming));
     return GLMRT_OK;
 }
 

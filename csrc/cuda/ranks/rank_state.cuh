@@ -134,6 +134,9 @@ typedef struct glmrt_cuda_state {
     int32_t *waiting_for_stream;
     int32_t num_sms;
     cudaStream_t stream;
+    cudaStream_t shared_stream;
+    cudaEvent_t shared_fork;
+    cudaEvent_t shared_join;
     glmrt_rank rank;
     const glmrt_rank_plan *plan;
     glmrt_cuda_dims dims;

@@ -415,6 +415,18 @@ static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda
     return glmrt_cuda_moe_route_dispatch(&route, &dispatch, step->stream, step->error);
 }
 
+static glmrt_status glmrt_layer_shared_expert_beside(glmrt_step_context *step, const glmrt_cuda_layer *layer)
+{
+    glmrt_cuda_state *st = step->state;
+    glmrt_step_context beside = *step;
+    beside.stream = st->shared_stream;
+    GLMRT_CUDA_TRY(step->error, cudaStreamWaitEvent(beside.stream, st->shared_fork, 0));
+    GLMRT_TRY(glmrt_layer_gated_mlp(&beside, &layer->shared_gate_up, &layer->shared_down,
+                                    &glmrt_cuda_matmuls::shared_act, st->ws.shared_out, 0));
+    GLMRT_CUDA_TRY(step->error, cudaEventRecord(st->shared_join, beside.stream));
+    return GLMRT_OK;
+}
+
 static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_layer *layer)
 {
     glmrt_cuda_state *st = step->state;
@@ -422,11 +434,16 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t tile_rows = glmrt_expert_tile_rows(d, t, glmrt_layer_experts_native(layer));
+    if (layer->has_shared) {
+        GLMRT_CUDA_TRY(step->error, cudaEventRecord(st->shared_fork, step->stream));
+    }
     GLMRT_TRY(glmrt_layer_route(step, layer, tile_rows));
+    if (layer->has_shared) {
+        GLMRT_TRY(glmrt_layer_shared_expert_beside(step, layer));
+    }
     GLMRT_TRY(glmrt_layer_experts(step, layer, tile_rows));
     if (layer->has_shared) {
-        GLMRT_TRY(glmrt_layer_gated_mlp(step, &layer->shared_gate_up, &layer->shared_down,
-                                        &glmrt_cuda_matmuls::shared_act, ws->shared_out, 0));
+        GLMRT_CUDA_TRY(step->error, cudaStreamWaitEvent(step->stream, st->shared_join, 0));
     }
     glmrt_cuda_combine_args combine;
     combine.expert_out = ws->expert_out;
