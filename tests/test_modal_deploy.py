@@ -287,6 +287,7 @@ def test_server_command_is_accepted_by_the_real_server_parser(deploy):
     assert (args.model, args.backend, args.host, args.port) == (deploy.MODEL_DIR, "cuda", "0.0.0.0", 8765)
     assert args.served_model_name == "GLM-4.7-FP8"
     assert args.max_batch == 256
+    assert args.all_reduce == "peer-bf16"
     assert args.num_devices == 8
     assert args.api_key is None
     assert resolve_serving_limits(args)[0] >= max(bench.parse_positive_ints(deploy.BENCH_CONCURRENCIES))
