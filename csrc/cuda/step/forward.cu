@@ -256,7 +256,7 @@ static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_
 static int32_t glmrt_expert_tile_rows(const glmrt_cuda_dims *d, int32_t num_tokens, int32_t native)
 {
     int32_t assignments = num_tokens * d->top_k;
-    int32_t active = assignments < d->num_local_experts ? assignments : d->num_local_experts;
+    int32_t active = assignments < d->num_experts ? assignments : d->num_experts;
     int32_t rows_per_expert = active > 0 ? assignments / active : 1;
     return native ? glmrt_cuda_qgemm_tile_rows(rows_per_expert) : glmrt_cuda_gemm_tile_rows(rows_per_expert);
 }
