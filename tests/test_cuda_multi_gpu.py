@@ -152,6 +152,20 @@ def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_dev
 
 
 @pytest.mark.parametrize("num_devices", splits_available())
+def test_expert_exchange_over_peer_inboxes_returns_every_rows_sum(num_devices):
+    binary = BUILD_DIR / "alltoall_bench"
+    if not binary.exists():
+        pytest.skip(f"{binary} is not built")
+    result = subprocess.run([str(binary), str(num_devices)], capture_output=True, text=True, timeout=300)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == sum(1 for tokens in (8, 16, 32, 64, 128, 256, 512) if tokens % num_devices == 0)
+    for line in rows:
+        assert line.rstrip().endswith("| every combined value as expected |"), line
+
+
+@pytest.mark.parametrize("num_devices", splits_available())
 def test_peer_bf16_sums_stay_near_the_fp32_sums_and_keep_the_residual_on_every_gpu(num_devices):
     model_dir = wide_model("bf16")
     with Engine(model_dir, backend="cuda", num_devices=num_devices, all_reduce="peer", **ENGINE_OPTIONS) as fp32, \
