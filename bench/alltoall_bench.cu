@@ -238,9 +238,11 @@ static int glmrt_exchange_open(glmrt_exchange_gpus *gpus, int32_t count)
     }
     int32_t blocks = gpus->peers[0].blocks;
     for (int32_t r = 0; r < count; ++r) {
-        if (glmrt_exchange_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
-            glmrt_peer_resident_blocks(gpus->devices[r], (const void *)glmrt_exchange_kernel, &blocks, &error) !=
-                GLMRT_OK) {
+        if (glmrt_exchange_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
+            return 1;
+        }
+        if (glmrt_peer_resident_blocks(gpus->devices[r], (const void *)glmrt_exchange_kernel, &blocks, &error) !=
+            GLMRT_OK) {
             fprintf(stderr, "alltoall_bench: occupancy: %s\n", error.message);
             return 1;
         }
@@ -253,8 +255,11 @@ static int glmrt_exchange_open(glmrt_exchange_gpus *gpus, int32_t count)
     return 0;
 }
 
-static void glmrt_exchange_close(glmrt_exchange_gpus *gpus)
+static void glmrt_exchange_close(glmrt_exchange_gpus *gpus, int failed)
 {
+    if (failed && gpus->abort_flag != nullptr) {
+        __atomic_store_n(gpus->abort_flag, 1, __ATOMIC_RELEASE);
+    }
     for (int32_t r = 0; r < gpus->count; ++r) {
         cudaSetDevice(gpus->devices[r]);
         if (gpus->streams[r] != nullptr) {
@@ -317,8 +322,9 @@ static int glmrt_exchange_upload(glmrt_exchange_gpus *gpus, const glmrt_exchange
     const int64_t values = (int64_t)routing.rows_per_gpu * GLMRT_EXCHANGE_HIDDEN;
     for (int32_t r = 0; r < gpus->count; ++r) {
         if (glmrt_exchange_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
-            glmrt_exchange_cuda(cudaMemcpy(gpus->masks[r], routing.masks.data(), routing.masks.size() * sizeof(int32_t),
-                                           cudaMemcpyHostToDevice),
+            glmrt_exchange_cuda(cudaMemcpyAsync(gpus->masks[r], routing.masks.data(),
+                                                routing.masks.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                                gpus->streams[r]),
                                 "masks")) {
             return 1;
         }
@@ -459,7 +465,6 @@ static int glmrt_exchange_time(glmrt_exchange_gpus *gpus, int32_t method, int32_
         failed = glmrt_exchange_sync(gpus);
     }
     *out_us = 1e6 * (glmrt_exchange_seconds() - started) / ((double)GLMRT_EXCHANGE_REPLAYS * GLMRT_EXCHANGE_CALLS);
-    glmrt_exchange_sync(gpus);
     for (int32_t r = 0; r < gpus->count; ++r) {
         cudaSetDevice(gpus->devices[r]);
         if (execs[r] != nullptr) {
@@ -529,6 +534,6 @@ int main(int argc, char **argv)
         printf("the exchange runs %d blocks a GPU, the peer sum's count\n", gpus.peers[0].blocks);
         failed = glmrt_exchange_table(&gpus);
     }
-    glmrt_exchange_close(&gpus);
+    glmrt_exchange_close(&gpus, failed);
     return failed ? 1 : 0;
 }
