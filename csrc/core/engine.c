@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "engine_scratch.h"
+#include "rank_plan.h"
 
 static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error *error)
 {
@@ -62,10 +63,9 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
                                GLMRT_ALL_REDUCE_NCCL, GLMRT_ALL_REDUCE_PEER, GLMRT_ALL_REDUCE_AUTO,
                                GLMRT_ALL_REDUCE_PEER_BF16, o->all_reduce);
     }
-    if (o->expert_split != GLMRT_EXPERT_SPLIT_WHOLE && o->expert_split != GLMRT_EXPERT_SPLIT_COLUMNS) {
-        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
-                               "expert_split must be %d (whole) or %d (columns), got %d", GLMRT_EXPERT_SPLIT_WHOLE,
-                               GLMRT_EXPERT_SPLIT_COLUMNS, o->expert_split);
+    glmrt_status split_checked = glmrt_expert_split_check(o->expert_split, error);
+    if (split_checked != GLMRT_OK) {
+        return split_checked;
     }
     if (o->random_weights && o->backend == GLMRT_BACKEND_CPU) {
         return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED, "random weights are supported by the CUDA backend only");

@@ -70,6 +70,16 @@ static int32_t glmrt_column_unit(const glmrt_model_config *config)
     return glmrt_lcm(glmrt_lcm(rows, cols), GLMRT_RANK_COLUMN_STEP);
 }
 
+glmrt_status glmrt_expert_split_check(int32_t expert_split, glmrt_error *error)
+{
+    if (expert_split != GLMRT_EXPERT_SPLIT_WHOLE && expert_split != GLMRT_EXPERT_SPLIT_COLUMNS) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "expert_split must be %d (whole) or %d (columns), got %d", GLMRT_EXPERT_SPLIT_WHOLE,
+                               GLMRT_EXPERT_SPLIT_COLUMNS, expert_split);
+    }
+    return GLMRT_OK;
+}
+
 glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num_ranks, int32_t expert_split,
                                    glmrt_rank_plan *out, glmrt_error *error)
 {
@@ -81,10 +91,9 @@ glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "rank plan for %d GPUs, supported 1 to %d",
                                num_ranks, GLMRT_MAX_DEVICES);
     }
-    if (expert_split != GLMRT_EXPERT_SPLIT_WHOLE && expert_split != GLMRT_EXPERT_SPLIT_COLUMNS) {
-        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
-                               "expert_split must be %d (whole) or %d (columns), got %d", GLMRT_EXPERT_SPLIT_WHOLE,
-                               GLMRT_EXPERT_SPLIT_COLUMNS, expert_split);
+    glmrt_status split_checked = glmrt_expert_split_check(expert_split, error);
+    if (split_checked != GLMRT_OK) {
+        return split_checked;
     }
     int32_t heads = config->num_attention_heads;
     int32_t kv_heads = config->num_key_value_heads;

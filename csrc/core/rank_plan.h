@@ -39,6 +39,7 @@ typedef struct glmrt_rank_plan {
 extern "C" {
 #endif
 
+glmrt_status glmrt_expert_split_check(int32_t expert_split, glmrt_error *error);
 glmrt_status glmrt_rank_plan_build(const glmrt_model_config *config, int32_t num_ranks, int32_t expert_split,
                                     glmrt_rank_plan *out, glmrt_error *error);
 

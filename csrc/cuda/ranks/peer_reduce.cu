@@ -435,6 +435,16 @@ glmrt_status glmrt_peer_reduce_args_for(const glmrt_cuda_peer_reduce *peer, floa
     return GLMRT_OK;
 }
 
+glmrt_status glmrt_peer_launched(const char *what, int64_t count, glmrt_error *error)
+{
+    cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess) {
+        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "%s of %lld floats failed to launch: %s", what,
+                               (long long)count, cudaGetErrorString(launched));
+    }
+    return GLMRT_OK;
+}
+
 glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
                                               glmrt_peer_shots shots, cudaStream_t stream, glmrt_error *error)
 {
@@ -445,12 +455,7 @@ glmrt_status glmrt_cuda_peer_reduce_run_shots(const glmrt_cuda_peer_reduce *peer
     } else {
         glmrt_peer_two_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
     }
-    cudaError_t launched = cudaGetLastError();
-    if (launched != cudaSuccess) {
-        return glmrt_error_set(error, GLMRT_ERR_BACKEND, "the peer all-reduce of %lld floats failed to launch: %s",
-                               (long long)count, cudaGetErrorString(launched));
-    }
-    return GLMRT_OK;
+    return glmrt_peer_launched("the peer all-reduce", count, error);
 }
 
 glmrt_status glmrt_cuda_peer_reduce_run(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,

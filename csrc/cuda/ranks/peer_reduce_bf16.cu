@@ -1,5 +1,3 @@
-#include <string.h>
-
 #include "cuda_check.cuh"
 #include "device_math.cuh"
 #include "peer_reduce.cuh"
@@ -111,13 +109,7 @@ glmrt_status glmrt_cuda_peer_reduce_bf16_run_shots(const glmrt_cuda_peer_reduce 
     } else {
         glmrt_peer_bf16_two_shot_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
     }
-    cudaError_t launched = cudaGetLastError();
-    if (launched != cudaSuccess) {
-        return glmrt_error_set(error, GLMRT_ERR_BACKEND,
-                               "the BF16 peer all-reduce of %lld floats failed to launch: %s", (long long)count,
-                               cudaGetErrorString(launched));
-    }
-    return GLMRT_OK;
+    return glmrt_peer_launched("the BF16 peer all-reduce", count, error);
 }
 
 glmrt_status glmrt_cuda_peer_reduce_bf16_run(const glmrt_cuda_peer_reduce *peer, const float *partial,
