@@ -151,6 +151,16 @@ int glmrt_cuda_qgemm_weight_splits(const glmrt_cuda_qgemm_weight *q)
     return q->splits > 1;
 }
 
+static int32_t glmrt_qgemm_dense_tile_rows(int32_t num_rows, const glmrt_cuda_qgemm_weight *q)
+{
+    if (num_rows <= GLMRT_QGEMM_SPLIT_MAX_ROWS) {
+        return glmrt_cuda_qgemm_tile_rows(num_rows);
+    }
+    const int64_t narrow_units = (int64_t)glmrt_ceil_div(num_rows, GLMRT_QGEMM_SPLIT_MAX_ROWS) * q->weight_tiles;
+    const int64_t narrow_slots = (int64_t)GLMRT_QGEMM_NARROW_WAVES * GLMRT_QGEMM_CTAS_PER_SM_TARGET * q->num_sms;
+    return narrow_units <= narrow_slots ? GLMRT_QGEMM_SPLIT_MAX_ROWS : GLMRT_QGEMM_MAX_TILE_ROWS;
+}
+
 glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_split *split,
                                   cudaStream_t stream, glmrt_error *error)
 {
@@ -162,8 +172,7 @@ glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt
     const glmrt_cuda_qgemm_weight *q = w->qgemm;
     GLMRT_TRY(glmrt_qgemm_check(call, q, error));
     const bool split_units = !grouped && call->num_rows <= GLMRT_QGEMM_SPLIT_MAX_ROWS;
-    const int32_t bn = grouped ? call->tile_rows
-                               : (split_units ? glmrt_cuda_qgemm_tile_rows(call->num_rows) : GLMRT_QGEMM_MAX_TILE_ROWS);
+    const int32_t bn = grouped ? call->tile_rows : glmrt_qgemm_dense_tile_rows(call->num_rows, q);
     if (bn != glmrt_cuda_qgemm_tile_rows(bn)) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "grouped GEMM tiles of %d rows; the quantized GEMM takes 8 to %d in powers of two", bn,

@@ -705,6 +705,10 @@ static glmrt_status glmrt_qgemm_launch_width(int32_t bn, int32_t fold, const CUt
     case 32:
         return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 32, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
     case 64:
+        if (fold) {
+            return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 64, 1>(w_map, x_map, p, grid_limit, num_sms, stream,
+                                                                   error);
+        }
         return glmrt_qgemm_launch<KIND, SCALE, PROMOTE, 64, 0>(w_map, x_map, p, grid_limit, num_sms, stream, error);
     case 128:
         if (fold) {
