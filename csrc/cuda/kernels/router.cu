@@ -5,7 +5,7 @@
 #include "router.cuh"
 #include "router_lanes.cuh"
 
-#define GLMRT_ROUTER_WIDE_TOKENS 128
+#define GLMRT_ROUTER_PACKED_TOKENS 32
 
 template <int WARPS, int TOKENS, int EXPERTS, int CHUNK>
 struct glmrt_router_tile {
@@ -19,7 +19,7 @@ struct glmrt_router_tile {
 };
 
 typedef glmrt_router_tile<8, 8, 1, 1024> glmrt_router_narrow;
-typedef glmrt_router_tile<8, 16, 2, 512> glmrt_router_wide;
+typedef glmrt_router_tile<4, 8, 4, 512> glmrt_router_packed;
 
 template <int FORMAT, typename TILE>
 __device__ __forceinline__ void glmrt_router_chunk_weights(uint4 (*weights)[TILE::steps], const uint8_t *const *rows,
@@ -162,8 +162,9 @@ glmrt_status glmrt_cuda_router_logits(const glmrt_cuda_matrix *w, const float *x
     if (glmrt_cuda_router_resident_fits(w, num_tokens)) {
         return glmrt_cuda_router_resident_logits(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
     }
-    if (num_tokens >= GLMRT_ROUTER_WIDE_TOKENS) {
-        return glmrt_router_launch<glmrt_router_wide>(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
+    if (num_tokens >= GLMRT_ROUTER_PACKED_TOKENS) {
+        return glmrt_router_launch<glmrt_router_packed>(w, x, x_stride, num_tokens, logits, logits_stride, stream,
+                                                        error);
     }
     return glmrt_router_launch<glmrt_router_narrow>(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
 }
