@@ -13,6 +13,8 @@
 #include "route_resident.cuh"
 #include "router.cuh"
 
+#define GLMRT_EXPERT_TILE_HEADROOM 2
+
 typedef struct glmrt_step_context {
     glmrt_cuda_state *state;
     const glmrt_cuda_step_counts *counts;
@@ -258,7 +260,8 @@ static int32_t glmrt_expert_tile_rows(const glmrt_cuda_dims *d, int32_t num_toke
     int32_t assignments = num_tokens * d->top_k;
     int32_t active = assignments < d->num_experts ? assignments : d->num_experts;
     int32_t rows_per_expert = active > 0 ? assignments / active : 1;
-    return native ? glmrt_cuda_qgemm_tile_rows(rows_per_expert) : glmrt_cuda_gemm_tile_rows(rows_per_expert);
+    return native ? glmrt_cuda_qgemm_tile_rows(GLMRT_EXPERT_TILE_HEADROOM * rows_per_expert)
+                  : glmrt_cuda_gemm_tile_rows(rows_per_expert);
 }
 
 static glmrt_status glmrt_layer_experts_rounded(glmrt_step_context *step, const glmrt_cuda_layer *layer,
