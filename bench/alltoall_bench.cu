@@ -446,9 +446,12 @@ static int glmrt_exchange_time(glmrt_exchange_gpus *gpus, int32_t method, int32_
         cudaSetDevice(gpus->devices[r]);
         cudaError_t ended = cudaStreamEndCapture(gpus->streams[r], &graphs[r]);
         if (!failed) {
-            failed = glmrt_exchange_cuda(ended, "end capture") ||
-                     glmrt_exchange_cuda(cudaGraphInstantiate(&execs[r], graphs[r], 0), "instantiate");
+            failed = glmrt_exchange_cuda(ended, "end capture");
         }
+    }
+    for (int32_t r = 0; r < gpus->count && !failed; ++r) {
+        failed = glmrt_exchange_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+                 glmrt_exchange_cuda(cudaGraphInstantiate(&execs[r], graphs[r], 0), "instantiate");
     }
     double started = 0.0;
     for (int32_t replay = -2; replay < GLMRT_EXCHANGE_REPLAYS && !failed; ++replay) {

@@ -1,6 +1,8 @@
 import argparse
+import csv
 import json
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -36,6 +38,8 @@ def parse_args(argv):
     parser.add_argument("--prefill-prompts", type=int, default=0,
                         help="also profile the prefill of this many fresh prompts of --context tokens")
     parser.add_argument("--json", help="write the tables to this file")
+    parser.add_argument("--trace", help="write each batch's kernel timeline (device, stream, start, length, name) "
+                                        "as CSV files beginning with this path")
     return parser.parse_args(argv)
 
 
@@ -84,7 +88,22 @@ def step_table(profiler, steps, wall, launches_of, label, num_devices):
                 kernels=[dict(name=n, per_step=c, us=u) for n, c, u in kernels], sequence=sequence)
 
 
-def profile_batch(torch, engine, requests, steps, num_devices, launches_of=""):
+def write_timeline(profiler, path):
+    with tempfile.TemporaryDirectory() as scratch:
+        trace_path = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(trace_path))
+        events = json.loads(trace_path.read_text()).get("traceEvents", [])
+    kernels = sorted((event for event in events if event.get("cat") == "kernel"),
+                     key=lambda event: (event["args"].get("device", 0), event["ts"]))
+    with open(path, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["device", "stream", "start_us", "us", "kernel"])
+        for event in kernels:
+            writer.writerow([event["args"].get("device", 0), event["args"].get("stream", 0),
+                             f"{event['ts']:.3f}", f"{event.get('dur', 0):.3f}", short_name(event["name"])])
+
+
+def profile_batch(torch, engine, requests, steps, num_devices, launches_of="", trace=None):
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
@@ -95,6 +114,8 @@ def profile_batch(torch, engine, requests, steps, num_devices, launches_of=""):
         for _ in range(steps):
             engine.step(requests)
         wall = time.perf_counter() - start
+    if trace:
+        write_timeline(profiler, f"{trace}-batch{len(requests)}.csv")
     return step_table(profiler, steps, wall, launches_of, len(requests), num_devices)
 
 
@@ -157,7 +178,7 @@ def main(argv):
     info = engine.info()
     print(f"{info.num_devices} x {info.device_name}, {config['num_hidden_layers']} layers ({args.moe_layers} MoE), "
           f"{info.num_decode_graphs} decode graphs, matmul precision {args.matmul_precision}")
-    rows = [profile_batch(torch, engine, requests[:batch], args.steps, args.num_devices, args.launches)
+    rows = [profile_batch(torch, engine, requests[:batch], args.steps, args.num_devices, args.launches, args.trace)
             for batch in batches]
     if args.prefill_prompts:
         for request in requests:
