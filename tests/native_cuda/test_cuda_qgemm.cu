@@ -10,6 +10,7 @@
 #include "test_matrices.cuh"
 
 #define GLMRT_QTEST_SMS 132
+#define GLMRT_QTEST_FEW_SMS 16
 #define GLMRT_QTEST_BOUND 1e-3
 
 typedef struct glmrt_qtest_case {
@@ -81,8 +82,8 @@ static void glmrt_qtest_operand_free(glmrt_qtest_operand *o)
     }
 }
 
-static glmrt_cuda_qgemm_weight *glmrt_qtest_weight_new(glmrt_cuda_matrix *m, int32_t allow_split, glmrt_error *error,
-                                                       glmrt_status *status)
+static glmrt_cuda_qgemm_weight *glmrt_qtest_weight_on(glmrt_cuda_matrix *m, int32_t num_sms, int32_t allow_split,
+                                                      glmrt_error *error, glmrt_status *status)
 {
     glmrt_cuda_qgemm_weight *q = nullptr;
     if (posix_memalign((void **)&q, 64, sizeof(glmrt_cuda_qgemm_weight)) != 0) {
@@ -90,10 +91,16 @@ static glmrt_cuda_qgemm_weight *glmrt_qtest_weight_new(glmrt_cuda_matrix *m, int
         return nullptr;
     }
     if (*status == GLMRT_OK) {
-        *status = glmrt_cuda_qgemm_weight_prepare(m, GLMRT_QTEST_SMS, allow_split, q, error);
+        *status = glmrt_cuda_qgemm_weight_prepare(m, num_sms, allow_split, q, error);
     }
     m->qgemm = q;
     return q;
+}
+
+static glmrt_cuda_qgemm_weight *glmrt_qtest_weight_new(glmrt_cuda_matrix *m, int32_t allow_split, glmrt_error *error,
+                                                       glmrt_status *status)
+{
+    return glmrt_qtest_weight_on(m, GLMRT_QTEST_SMS, allow_split, error, status);
 }
 
 static glmrt_status glmrt_qtest_quantize(const float *d_x, int64_t stride, const int32_t *d_rows, int32_t op,
@@ -332,6 +339,27 @@ static double glmrt_qtest_compare(const glmrt_host_matrix &h, int32_t group, int
     return worst;
 }
 
+static long glmrt_qtest_wide_tiles_differ(glmrt_cuda_matrix *m, const glmrt_cuda_qgemm_operand *x, int32_t rows,
+                                          int32_t n, const float *d_bias, const glmrt_cuda_qgemm_split *split,
+                                          int32_t allow_split, float *d_out, const std::vector<float> &y,
+                                          glmrt_error *error, glmrt_status *status)
+{
+    const glmrt_cuda_qgemm_weight *many = m->qgemm;
+    glmrt_cuda_qgemm_weight *few = glmrt_qtest_weight_on(m, GLMRT_QTEST_FEW_SMS, allow_split, error, status);
+    long differing = -1;
+    if (*status == GLMRT_OK && few->splits == many->splits) {
+        *status = glmrt_qtest_run(m, x, rows, d_out, n, d_bias, 0, split, error);
+        std::vector<float> y_few = glmrt_test_download(d_out, (size_t)rows * n);
+        differing = 0;
+        for (size_t i = 0; i < y_few.size(); ++i) {
+            differing += memcmp(&y_few[i], &y[i], 4) != 0;
+        }
+    }
+    m->qgemm = many;
+    free(few);
+    return differing;
+}
+
 static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
                               int32_t cols, int32_t allow_split)
 {
@@ -381,6 +409,14 @@ static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     glmrt_test_expect(report, status == GLMRT_OK && worst < GLMRT_QTEST_BOUND, what, worst, GLMRT_QTEST_BOUND);
     snprintf(what, sizeof(what), "qgemm %s K=%d relative L2 error", tc->name, cols);
     glmrt_test_expect(report, status == GLMRT_OK && l2 < GLMRT_QTEST_BOUND, what, l2, GLMRT_QTEST_BOUND);
+    const long wide_differing = status == GLMRT_OK ? glmrt_qtest_wide_tiles_differ(&h.m, &o->operand, m_rows, n, d_bias,
+                                                                                  &split, allow_split, d_y_small, y,
+                                                                                  &error, &status)
+                                                   : -1;
+    snprintf(what, sizeof(what),
+             "qgemm %s K=%d %d rows in 128-row tiles (%d SMs) equal them in 64-row tiles (%d SMs) bitwise", tc->name,
+             cols, m_rows, GLMRT_QTEST_FEW_SMS, GLMRT_QTEST_SMS);
+    glmrt_test_expect(report, status == GLMRT_OK && wide_differing == 0, what, (double)wide_differing, 0);
     long differing = 0;
     const int32_t windows[][2] = {{0, 1}, {5, 1}, {7, 8}, {9, 13}, {20, 16}, {31, 33}, {100, 64}, {150, 65}, {2, 130}};
     for (const int32_t *window : windows) {
