@@ -37,6 +37,8 @@ def parse_args(argv):
                         help="comma-separated parts of kernel names: list each launch of one step in order, with its time")
     parser.add_argument("--prefill-prompts", type=int, default=0,
                         help="also profile the prefill of this many fresh prompts of --context tokens")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the decode requests' temperature: above 0 every step sorts each row's logits to sample")
     parser.add_argument("--json", help="write the tables to this file")
     parser.add_argument("--trace", help="write each batch's kernel timeline (device, stream, start, length, name) "
                                         "as CSV files beginning with this path")
@@ -171,7 +173,7 @@ def main(argv):
                     dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
                     expert_split=args.expert_split)
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, seed=0, max_new_tokens=new_tokens, ignore_eos=True)
     requests = [engine.create_request(random_prompt(rng, args.context, config["vocab_size"]), params)
                 for _ in range(largest)]
     fill_contexts(engine, requests)
