@@ -41,7 +41,8 @@ def parse_args(argv):
                         help="the decode requests' temperature: above 0 every step sorts each row's logits to sample")
     parser.add_argument("--json", help="write the tables to this file")
     parser.add_argument("--trace", help="write each batch's kernel timeline (device, stream, start, length, name) "
-                                        "as CSV files beginning with this path")
+                                        "and its CUDA API calls on the host (thread, start, length, call) as CSV "
+                                        "files beginning with this path")
     return parser.parse_args(argv)
 
 
@@ -97,12 +98,19 @@ def write_timeline(profiler, path):
         events = json.loads(trace_path.read_text()).get("traceEvents", [])
     kernels = sorted((event for event in events if event.get("cat") == "kernel"),
                      key=lambda event: (event["args"].get("device", 0), event["ts"]))
-    with open(path, "w", newline="") as out:
+    with open(f"{path}.csv", "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["device", "stream", "start_us", "us", "kernel"])
         for event in kernels:
             writer.writerow([event["args"].get("device", 0), event["args"].get("stream", 0),
                              f"{event['ts']:.3f}", f"{event.get('dur', 0):.3f}", short_name(event["name"])])
+    calls = sorted((event for event in events if event.get("cat") in ("cuda_runtime", "cuda_driver")),
+                   key=lambda event: event["ts"])
+    with open(f"{path}-host.csv", "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["thread", "start_us", "us", "call"])
+        for event in calls:
+            writer.writerow([event.get("tid", 0), f"{event['ts']:.3f}", f"{event.get('dur', 0):.3f}", event["name"]])
 
 
 def profile_batch(torch, engine, requests, steps, num_devices, launches_of="", trace=None):
@@ -117,7 +125,7 @@ def profile_batch(torch, engine, requests, steps, num_devices, launches_of="", t
             engine.step(requests)
         wall = time.perf_counter() - start
     if trace:
-        write_timeline(profiler, f"{trace}-batch{len(requests)}.csv")
+        write_timeline(profiler, f"{trace}-batch{len(requests)}")
     return step_table(profiler, steps, wall, launches_of, len(requests), num_devices)
 
 
