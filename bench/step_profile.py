@@ -129,7 +129,7 @@ def profile_batch(torch, engine, requests, steps, num_devices, launches_of="", t
     return step_table(profiler, steps, wall, launches_of, len(requests), num_devices)
 
 
-def profile_prefill(torch, engine, prompts, params, num_devices, launches_of=""):
+def profile_prefill(torch, engine, prompts, params, num_devices, launches_of="", trace=None):
     from torch.profiler import ProfilerActivity, profile
 
     requests = [engine.create_request(prompt, params) for prompt in prompts]
@@ -146,6 +146,8 @@ def profile_prefill(torch, engine, prompts, params, num_devices, launches_of="")
         wall = time.perf_counter() - start
     for request in requests:
         engine.free_request(request)
+    if trace:
+        write_timeline(profiler, f"{trace}-prefill{len(prompts)}")
     tokens = sum(len(prompt) for prompt in prompts)
     return step_table(profiler, steps, wall, launches_of,
                       f"prefill of {len(prompts)} prompts, {tokens} tokens in {steps} steps", num_devices)
@@ -196,7 +198,8 @@ def main(argv):
         requests = []
         prompts = [random_prompt(rng, args.context, config["vocab_size"]) for _ in range(args.prefill_prompts)]
         prefill_params = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
-        rows.append(profile_prefill(torch, engine, prompts, prefill_params, args.num_devices, args.launches))
+        rows.append(profile_prefill(torch, engine, prompts, prefill_params, args.num_devices, args.launches,
+                                    args.trace))
     for row in rows:
         print_batch(row, args.top, config["num_hidden_layers"])
     for request in requests:

@@ -3,6 +3,7 @@ import pytest
 from bench.gpu_bench import decode_step_bytes, fill_contexts, write_model_dir
 from bench.serve_ceiling import SERVER_COUNTERS
 from bench.serve_glm import decode_roofline, load_window_seconds, server_summary
+from bench.timeline_report import frontier_shares, last_step, read_kernels
 from engine_support import build_test_model, open_engine
 from glmrt.engine.engine import SamplingParams
 
@@ -45,3 +46,26 @@ def test_serve_glm_rates_count_the_load_window_not_the_load_generator_start():
     assert load_window_seconds({"duration_s": None}, 6.5) == 6.5
     assert load_window_seconds({"duration_s": 9.0}, 6.5) == 6.5
     assert load_window_seconds({}, 6.5) == 6.5
+
+
+def test_timeline_report_charges_each_kernel_the_time_it_moves_its_gpus_frontier(tmp_path):
+    timeline = tmp_path / "timeline.csv"
+    rows = [("glmrt_embed_kernel", 0.0, 2.0), ("glmrt_qgemm_kernel", 2.0, 10.0),
+            ("glmrt_embed_kernel", 100.0, 2.0), ("glmrt_qgemm_kernel", 101.0, 10.0),
+            ("glmrt_router_kernel", 105.0, 10.0), ("glmrt_rmsnorm_kernel", 106.0, 3.0),
+            ("glmrt_combine_kernel", 120.0, 5.0)]
+    timeline.write_text("device,stream,start_us,us,kernel\n" +
+                        "".join(f"0,7,{start},{length},{name}\n" for name, start, length in rows))
+    begin, step = last_step(read_kernels(timeline))
+    assert begin == 100.0
+    assert [kernel["name"] for kernel in step][0] == "glmrt_embed_kernel"
+    charged, launches, idle, wall = frontier_shares(step, begin)
+    assert charged["glmrt_embed_kernel"] == pytest.approx(2.0)
+    assert charged["glmrt_qgemm_kernel"] == pytest.approx(9.0)
+    assert charged["glmrt_router_kernel"] == pytest.approx(4.0)
+    assert charged["glmrt_rmsnorm_kernel"] == 0.0
+    assert charged["glmrt_combine_kernel"] == pytest.approx(5.0)
+    assert idle == pytest.approx(5.0)
+    assert wall == pytest.approx(25.0)
+    assert sum(charged.values()) + idle == pytest.approx(wall)
+    assert launches["glmrt_qgemm_kernel"] == 1
