@@ -82,8 +82,10 @@ static __device__ __forceinline__ uint4 glmrt_exchange_expert_output(uint4 row, 
 
 static __device__ __forceinline__ void glmrt_exchange_add_pair(float *sum, uint32_t pair)
 {
-    sum[0] += glmrt_bf16_decode((uint16_t)(pair & 0xffffu));
-    sum[1] += glmrt_bf16_decode((uint16_t)(pair >> 16));
+    float values[2];
+    glmrt_bf16x2_to_float2(pair, values);
+    sum[0] += values[0];
+    sum[1] += values[1];
 }
 
 static __device__ __forceinline__ uint32_t glmrt_exchange_round_pair(const float *sum)

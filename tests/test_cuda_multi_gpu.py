@@ -135,14 +135,19 @@ def test_peer_all_reduce_computes_what_nccl_computes_bit_for_bit(num_devices):
             assert all(np.array_equal(row, peer_row) for row, peer_row in zip(rows, peer_rows))
 
 
-@pytest.mark.parametrize("num_devices", splits_available())
-def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_devices):
-    binary = BUILD_DIR / "allreduce_bench"
+def run_bench_driver(name, num_devices):
+    binary = BUILD_DIR / name
     if not binary.exists():
         pytest.skip(f"{binary} is not built")
     result = subprocess.run([str(binary), str(num_devices)], capture_output=True, text=True, timeout=300)
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_devices):
+    result = run_bench_driver("allreduce_bench", num_devices)
     checks = [line for line in result.stdout.splitlines() if line.startswith("check over")]
     bf16_checks = [line for line in result.stdout.splitlines() if line.startswith("check of the BF16 sums over")]
     assert len(checks) == 4
@@ -153,12 +158,7 @@ def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_dev
 
 @pytest.mark.parametrize("num_devices", splits_available())
 def test_expert_exchange_over_peer_inboxes_returns_every_rows_sum(num_devices):
-    binary = BUILD_DIR / "alltoall_bench"
-    if not binary.exists():
-        pytest.skip(f"{binary} is not built")
-    result = subprocess.run([str(binary), str(num_devices)], capture_output=True, text=True, timeout=300)
-    print(result.stdout)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_bench_driver("alltoall_bench", num_devices)
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == sum(1 for tokens in (8, 16, 32, 64, 128, 256, 512) if tokens % num_devices == 0)
     for line in rows:

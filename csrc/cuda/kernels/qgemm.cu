@@ -157,8 +157,8 @@ static int32_t glmrt_qgemm_dense_tile_rows(int32_t num_rows, const glmrt_cuda_qg
         return glmrt_cuda_qgemm_tile_rows(num_rows);
     }
     const int64_t narrow_units = (int64_t)glmrt_ceil_div(num_rows, GLMRT_QGEMM_SPLIT_MAX_ROWS) * q->weight_tiles;
-    const int64_t narrow_slots = (int64_t)GLMRT_QGEMM_NARROW_WAVES * GLMRT_QGEMM_CTAS_PER_SM_TARGET * q->num_sms;
-    return narrow_units <= narrow_slots ? GLMRT_QGEMM_SPLIT_MAX_ROWS : GLMRT_QGEMM_MAX_TILE_ROWS;
+    const int64_t one_wave = (int64_t)GLMRT_QGEMM_CTAS_PER_SM_TARGET * q->num_sms;
+    return narrow_units <= one_wave ? GLMRT_QGEMM_SPLIT_MAX_ROWS : GLMRT_QGEMM_MAX_TILE_ROWS;
 }
 
 glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_split *split,
