@@ -13,6 +13,8 @@
 #define GLMRT_BENCH_MAX_ROWS 2048
 #define GLMRT_BENCH_HIDDEN 5120
 #define GLMRT_BENCH_ODD_GROUPS_FLOATS (GLMRT_BENCH_HIDDEN + 4)
+#define GLMRT_BENCH_GUARD_FLOATS 64
+#define GLMRT_BENCH_CAPACITY_FLOATS ((int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN)
 #define GLMRT_BENCH_CALLS 64
 #define GLMRT_BENCH_REPLAYS 20
 
@@ -64,7 +66,7 @@ static double glmrt_bench_seconds(void)
 
 static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
 {
-    int64_t floats = (int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN;
+    int64_t floats = GLMRT_BENCH_CAPACITY_FLOATS;
     gpus->count = count;
     for (int32_t r = 0; r < count; ++r) {
         gpus->devices[r] = r;
@@ -282,13 +284,37 @@ static int glmrt_bench_zero(glmrt_bench_gpus *gpus, float *const *targets, int64
     return glmrt_bench_sync(gpus);
 }
 
+static int glmrt_bench_guard_untouched(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
+{
+    float guard[GLMRT_BENCH_GUARD_FLOATS];
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_copy_back(gpus, r, targets[r] + count, guard, GLMRT_BENCH_GUARD_FLOATS)) {
+            return 0;
+        }
+        for (int32_t i = 0; i < GLMRT_BENCH_GUARD_FLOATS; ++i) {
+            if (guard[i] != 0.0f) {
+                printf("check of the BF16 sums over %lld floats: GPU %d wrote past the sum, at float %lld\n",
+                       (long long)count, r, (long long)(count + i));
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 static int glmrt_bench_check_bf16(glmrt_bench_gpus *gpus, int64_t count)
 {
-    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_zero(gpus, gpus->results, count) ||
-        glmrt_bench_zero(gpus, gpus->second_results, count) ||
+    const int64_t guarded =
+        count + GLMRT_BENCH_GUARD_FLOATS <= GLMRT_BENCH_CAPACITY_FLOATS ? count + GLMRT_BENCH_GUARD_FLOATS : count;
+    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_zero(gpus, gpus->results, guarded) ||
+        glmrt_bench_zero(gpus, gpus->second_results, guarded) ||
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_ONE_SHOT, gpus->buffers, gpus->results, count) ||
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_TWO_SHOT, gpus->buffers, gpus->second_results, count) ||
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, nullptr, count) || glmrt_bench_sync(gpus)) {
+        return 1;
+    }
+    if (guarded > count && (!glmrt_bench_guard_untouched(gpus, gpus->results, count) ||
+                            !glmrt_bench_guard_untouched(gpus, gpus->second_results, count))) {
         return 1;
     }
     return glmrt_bench_report(gpus, count, "check of the BF16 sums", "NCCL's FP32 sum");
