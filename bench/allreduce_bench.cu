@@ -12,6 +12,9 @@
 
 #define GLMRT_BENCH_MAX_ROWS 2048
 #define GLMRT_BENCH_HIDDEN 5120
+#define GLMRT_BENCH_ODD_GROUPS_FLOATS (GLMRT_BENCH_HIDDEN + 4)
+#define GLMRT_BENCH_GUARD_FLOATS 64
+#define GLMRT_BENCH_CAPACITY_FLOATS ((int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN)
 #define GLMRT_BENCH_CALLS 64
 #define GLMRT_BENCH_REPLAYS 20
 
@@ -63,7 +66,7 @@ static double glmrt_bench_seconds(void)
 
 static int glmrt_bench_open(glmrt_bench_gpus *gpus, int32_t count)
 {
-    int64_t floats = (int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN;
+    int64_t floats = GLMRT_BENCH_CAPACITY_FLOATS;
     gpus->count = count;
     for (int32_t r = 0; r < count; ++r) {
         gpus->devices[r] = r;
@@ -244,14 +247,14 @@ static int glmrt_bench_compare(glmrt_bench_gpus *gpus, int64_t count, glmrt_benc
     return failed;
 }
 
-static int glmrt_bench_report(glmrt_bench_gpus *gpus, int64_t rows, const char *what, const char *reference)
+static int glmrt_bench_report(glmrt_bench_gpus *gpus, int64_t count, const char *what, const char *reference)
 {
     glmrt_bench_agreement agreement;
-    if (glmrt_bench_compare(gpus, rows * GLMRT_BENCH_HIDDEN, &agreement)) {
+    if (glmrt_bench_compare(gpus, count, &agreement)) {
         return 1;
     }
-    printf("%s over %lld rows: every GPU's sum %s, one-shot and two-shot %s, largest difference to %s %.3g\n", what,
-           (long long)rows, agreement.ranks_agree ? "has the same bits" : "DIFFERS between GPUs",
+    printf("%s over %lld floats: every GPU's sum %s, one-shot and two-shot %s, largest difference to %s %.3g\n", what,
+           (long long)count, agreement.ranks_agree ? "has the same bits" : "DIFFERS between GPUs",
            agreement.shots_agree ? "have the same bits" : "DIFFER", reference, agreement.largest_to_nccl);
     return agreement.ranks_agree && agreement.shots_agree ? 0 : 1;
 }
@@ -266,7 +269,7 @@ static int glmrt_bench_check_rows(glmrt_bench_gpus *gpus, int64_t rows)
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_TWO_SHOT, gpus->second_results, nullptr, count) || glmrt_bench_sync(gpus)) {
         return 1;
     }
-    return glmrt_bench_report(gpus, rows, "check", "NCCL's");
+    return glmrt_bench_report(gpus, count, "check", "NCCL's");
 }
 
 static int glmrt_bench_zero(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
@@ -281,28 +284,52 @@ static int glmrt_bench_zero(glmrt_bench_gpus *gpus, float *const *targets, int64
     return glmrt_bench_sync(gpus);
 }
 
-static int glmrt_bench_check_bf16_rows(glmrt_bench_gpus *gpus, int64_t rows)
+static int glmrt_bench_guard_untouched(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
 {
-    int64_t count = rows * GLMRT_BENCH_HIDDEN;
-    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_zero(gpus, gpus->results, count) ||
-        glmrt_bench_zero(gpus, gpus->second_results, count) ||
+    float guard[GLMRT_BENCH_GUARD_FLOATS];
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_copy_back(gpus, r, targets[r] + count, guard, GLMRT_BENCH_GUARD_FLOATS)) {
+            return 0;
+        }
+        for (int32_t i = 0; i < GLMRT_BENCH_GUARD_FLOATS; ++i) {
+            if (guard[i] != 0.0f) {
+                printf("check of the BF16 sums over %lld floats: GPU %d wrote past the sum, at float %lld\n",
+                       (long long)count, r, (long long)(count + i));
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+static int glmrt_bench_check_bf16(glmrt_bench_gpus *gpus, int64_t count)
+{
+    const int64_t guarded =
+        count + GLMRT_BENCH_GUARD_FLOATS <= GLMRT_BENCH_CAPACITY_FLOATS ? count + GLMRT_BENCH_GUARD_FLOATS : count;
+    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_zero(gpus, gpus->results, guarded) ||
+        glmrt_bench_zero(gpus, gpus->second_results, guarded) ||
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_ONE_SHOT, gpus->buffers, gpus->results, count) ||
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_TWO_SHOT, gpus->buffers, gpus->second_results, count) ||
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, nullptr, count) || glmrt_bench_sync(gpus)) {
         return 1;
     }
-    return glmrt_bench_report(gpus, rows, "check of the BF16 sums", "NCCL's FP32 sum");
+    if (guarded > count && (!glmrt_bench_guard_untouched(gpus, gpus->results, count) ||
+                            !glmrt_bench_guard_untouched(gpus, gpus->second_results, count))) {
+        return 1;
+    }
+    return glmrt_bench_report(gpus, count, "check of the BF16 sums", "NCCL's FP32 sum");
 }
 
 static int glmrt_bench_check(glmrt_bench_gpus *gpus)
 {
     static const int64_t rows_list[] = {1, 3, 64, GLMRT_BENCH_MAX_ROWS};
     for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
-        if (glmrt_bench_check_rows(gpus, rows_list[i]) || glmrt_bench_check_bf16_rows(gpus, rows_list[i])) {
+        if (glmrt_bench_check_rows(gpus, rows_list[i]) ||
+            glmrt_bench_check_bf16(gpus, rows_list[i] * GLMRT_BENCH_HIDDEN)) {
             return 1;
         }
     }
-    return 0;
+    return glmrt_bench_check_bf16(gpus, GLMRT_BENCH_ODD_GROUPS_FLOATS);
 }
 
 static int glmrt_bench_capture(glmrt_bench_gpus *gpus, int32_t method, int64_t count, cudaGraphExec_t *execs)

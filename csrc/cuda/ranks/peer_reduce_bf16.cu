@@ -37,6 +37,59 @@ static __device__ __forceinline__ void glmrt_peer_bf16_add_to_residual(const glm
     a.residual[i] = residual;
 }
 
+static __device__ __forceinline__ uint4 glmrt_peer_bf16_pack_pair(float4 low, float4 high)
+{
+    const uint2 first = glmrt_peer_bf16_pack(low);
+    const uint2 second = glmrt_peer_bf16_pack(high);
+    return make_uint4(first.x, first.y, second.x, second.y);
+}
+
+static __device__ __forceinline__ void glmrt_peer_bf16_add_pair(float4 &low, float4 &high, uint4 bits)
+{
+    glmrt_float4_add(low, glmrt_peer_bf16_unpack(make_uint2(bits.x, bits.y)));
+    glmrt_float4_add(high, glmrt_peer_bf16_unpack(make_uint2(bits.z, bits.w)));
+}
+
+static __device__ __forceinline__ bool glmrt_peer_pair_has_high(const glmrt_peer_reduce_args &a, int64_t j)
+{
+    return 2 * j + 1 < a.count4;
+}
+
+static __device__ __forceinline__ uint4 glmrt_peer_bf16_own_pair(const glmrt_peer_reduce_args &a, int64_t j)
+{
+    const float4 high = glmrt_peer_pair_has_high(a, j) ? a.x[2 * j + 1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return glmrt_peer_bf16_pack_pair(a.x[2 * j], high);
+}
+
+static __device__ __forceinline__ uint4 glmrt_peer_bf16_rounded_pair_sum(const glmrt_peer_reduce_args &a, int64_t half,
+                                                                         int64_t j, uint4 own)
+{
+    const uint4 first = a.rank == 0 ? own : __ldcg(glmrt_peer_own_inbox<uint4>(a, half, 0) + j);
+    float4 low = glmrt_peer_bf16_unpack(make_uint2(first.x, first.y));
+    float4 high = glmrt_peer_bf16_unpack(make_uint2(first.z, first.w));
+#pragma unroll
+    for (int32_t p = 1; p < GLMRT_MAX_DEVICES; ++p) {
+        if (p < a.num_ranks) {
+            glmrt_peer_bf16_add_pair(low, high,
+                                     p == a.rank ? own : __ldcg(glmrt_peer_own_inbox<uint4>(a, half, p) + j));
+        }
+    }
+    return glmrt_peer_bf16_pack_pair(low, high);
+}
+
+static __device__ __forceinline__ void glmrt_peer_bf16_add_pair_to_residual(const glmrt_peer_reduce_args &a, int64_t j,
+                                                                            uint4 rounded)
+{
+    const bool has_high = glmrt_peer_pair_has_high(a, j);
+    float4 low = a.residual[2 * j];
+    float4 high = has_high ? a.residual[2 * j + 1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    glmrt_peer_bf16_add_pair(low, high, rounded);
+    a.residual[2 * j] = low;
+    if (has_high) {
+        a.residual[2 * j + 1] = high;
+    }
+}
+
 __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_one_shot_kernel(glmrt_peer_reduce_args a)
 {
     const unsigned long long epoch = glmrt_peer_next_epoch(a);
@@ -57,32 +110,33 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two
 {
     const unsigned long long epoch = glmrt_peer_next_epoch(a);
     const int64_t half = (int64_t)(epoch & 1ull);
+    const int64_t pairs = (a.count4 + 1) / 2;
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
-        const glmrt_peer_span part = glmrt_peer_slice_part(a, s);
-        uint2 *inbox = glmrt_peer_inbox<uint2>(a, s, half, a.rank);
-        for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
-            inbox[i] = glmrt_peer_bf16_pack(a.x[i]);
+        const glmrt_peer_span part = glmrt_peer_slice_of(pairs, s, a.num_ranks);
+        uint4 *inbox = glmrt_peer_inbox<uint4>(a, s, half, a.rank);
+        for (int64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+            inbox[j] = glmrt_peer_bf16_own_pair(a, j);
         }
     }
     if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
         return;
     }
-    const glmrt_peer_span mine = glmrt_peer_slice_part(a, a.rank);
-    for (int64_t i = mine.begin + threadIdx.x; i < mine.end; i += blockDim.x) {
-        const uint2 rounded = glmrt_peer_bf16_rounded_sum(a, half, i, glmrt_peer_bf16_pack(a.x[i]));
-        glmrt_peer_bf16_add_to_residual(a, i, rounded);
-        glmrt_peer_send_to_others(a, half, i, rounded);
+    const glmrt_peer_span mine = glmrt_peer_slice_of(pairs, a.rank, a.num_ranks);
+    for (int64_t j = mine.begin + threadIdx.x; j < mine.end; j += blockDim.x) {
+        const uint4 rounded = glmrt_peer_bf16_rounded_pair_sum(a, half, j, glmrt_peer_bf16_own_pair(a, j));
+        glmrt_peer_bf16_add_pair_to_residual(a, j, rounded);
+        glmrt_peer_send_to_others(a, half, j, rounded);
     }
     if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SUM, epoch)) {
         return;
     }
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
-        const glmrt_peer_span part = glmrt_peer_slice_part(a, s);
-        const uint2 *inbox = glmrt_peer_own_inbox<uint2>(a, half, s);
-        for (int64_t i = part.begin + threadIdx.x; i < part.end; i += blockDim.x) {
-            glmrt_peer_bf16_add_to_residual(a, i, __ldcg(inbox + i));
+        const glmrt_peer_span part = glmrt_peer_slice_of(pairs, s, a.num_ranks);
+        const uint4 *inbox = glmrt_peer_own_inbox<uint4>(a, half, s);
+        for (int64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+            glmrt_peer_bf16_add_pair_to_residual(a, j, __ldcg(inbox + j));
         }
     }
 }
