@@ -639,6 +639,10 @@ int main(void)
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 37, 1056, 1100);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 7);
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_F32, 37, 1056, 8);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 256);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 516);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 160, 5120, 2048);
+    glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 37, 1056, 397);
     const glmrt_resident_case resident_cases[] = {
         {GLMRT_CUDA_FORMAT_BF16, 160, 5120, 8, 1, 1, 1},
         {GLMRT_CUDA_FORMAT_F32, 160, 5120, 8, 1, 1, 2},
