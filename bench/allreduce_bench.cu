@@ -284,22 +284,22 @@ static int glmrt_bench_zero(glmrt_bench_gpus *gpus, float *const *targets, int64
     return glmrt_bench_sync(gpus);
 }
 
-static int glmrt_bench_guard_untouched(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
+static int glmrt_bench_check_guard(glmrt_bench_gpus *gpus, float *const *targets, int64_t count)
 {
     float guard[GLMRT_BENCH_GUARD_FLOATS];
     for (int32_t r = 0; r < gpus->count; ++r) {
         if (glmrt_bench_copy_back(gpus, r, targets[r] + count, guard, GLMRT_BENCH_GUARD_FLOATS)) {
-            return 0;
+            return 1;
         }
         for (int32_t i = 0; i < GLMRT_BENCH_GUARD_FLOATS; ++i) {
             if (guard[i] != 0.0f) {
                 printf("check of the BF16 sums over %lld floats: GPU %d wrote past the sum, at float %lld\n",
                        (long long)count, r, (long long)(count + i));
-                return 0;
+                return 1;
             }
         }
     }
-    return 1;
+    return 0;
 }
 
 static int glmrt_bench_check_bf16(glmrt_bench_gpus *gpus, int64_t count)
@@ -313,8 +313,8 @@ static int glmrt_bench_check_bf16(glmrt_bench_gpus *gpus, int64_t count)
         glmrt_bench_enqueue(gpus, GLMRT_BENCH_NCCL, gpus->buffers, nullptr, count) || glmrt_bench_sync(gpus)) {
         return 1;
     }
-    if (guarded > count && (!glmrt_bench_guard_untouched(gpus, gpus->results, count) ||
-                            !glmrt_bench_guard_untouched(gpus, gpus->second_results, count))) {
+    if (guarded > count && (glmrt_bench_check_guard(gpus, gpus->results, count) ||
+                            glmrt_bench_check_guard(gpus, gpus->second_results, count))) {
         return 1;
     }
     return glmrt_bench_report(gpus, count, "check of the BF16 sums", "NCCL's FP32 sum");
