@@ -17,13 +17,15 @@
 #define GLMRT_BENCH_CAPACITY_FLOATS ((int64_t)GLMRT_BENCH_MAX_ROWS * GLMRT_BENCH_HIDDEN)
 #define GLMRT_BENCH_CALLS 64
 #define GLMRT_BENCH_REPLAYS 20
+#define GLMRT_BENCH_GATHER_WORDS 8
 
 enum glmrt_bench_method {
     GLMRT_BENCH_NCCL = 0,
     GLMRT_BENCH_ONE_SHOT = 1,
     GLMRT_BENCH_TWO_SHOT = 2,
     GLMRT_BENCH_BF16_ONE_SHOT = 3,
-    GLMRT_BENCH_BF16_TWO_SHOT = 4
+    GLMRT_BENCH_BF16_TWO_SHOT = 4,
+    GLMRT_BENCH_ROW_GATHER = 5
 };
 
 typedef struct glmrt_bench_gpus {
@@ -132,6 +134,24 @@ static void glmrt_bench_close(glmrt_bench_gpus *gpus)
     }
 }
 
+static int glmrt_bench_gather_enqueue(glmrt_bench_gpus *gpus, int32_t r, int64_t rows, int32_t first_words,
+                                      int32_t second_words)
+{
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_cuda_peer_row_gather gather;
+    gather.first = reinterpret_cast<uint32_t *>(gpus->buffers[r]);
+    gather.first_words = first_words;
+    gather.second = second_words > 0 ? reinterpret_cast<uint32_t *>(gpus->results[r]) : nullptr;
+    gather.second_words = second_words;
+    gather.num_rows = (int32_t)rows;
+    if (glmrt_cuda_peer_gather_rows(&gpus->peers[r], &gather, gpus->streams[r], &error) != GLMRT_OK) {
+        fprintf(stderr, "allreduce_bench: %s\n", error.message);
+        return 1;
+    }
+    return 0;
+}
+
 static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *const *buffers,
                                float *const *residuals, int64_t count)
 {
@@ -149,6 +169,12 @@ static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *co
         glmrt_error_clear(&error);
         if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
             return 1;
+        }
+        if (method == GLMRT_BENCH_ROW_GATHER) {
+            if (glmrt_bench_gather_enqueue(gpus, r, count, GLMRT_BENCH_GATHER_WORDS, GLMRT_BENCH_GATHER_WORDS)) {
+                return 1;
+            }
+            continue;
         }
         const int bf16 = method == GLMRT_BENCH_BF16_ONE_SHOT || method == GLMRT_BENCH_BF16_TWO_SHOT;
         glmrt_peer_shots shots = method == GLMRT_BENCH_ONE_SHOT || method == GLMRT_BENCH_BF16_ONE_SHOT
@@ -320,8 +346,114 @@ static int glmrt_bench_check_bf16(glmrt_bench_gpus *gpus, int64_t count)
     return glmrt_bench_report(gpus, count, "check of the BF16 sums", "NCCL's FP32 sum");
 }
 
+static uint32_t glmrt_bench_gather_pattern(int64_t row, int32_t column)
+{
+    return (uint32_t)(row * 977 + column * 31 + 1);
+}
+
+static uint32_t glmrt_bench_gather_stale(int32_t r)
+{
+    return 0xFFFFFFFFu - (uint32_t)r;
+}
+
+static void glmrt_bench_gather_host_rows(uint32_t *words, int64_t rows, int32_t width, int32_t column_base, int32_t r,
+                                         int32_t num_ranks)
+{
+    const int64_t begin = glmrt_peer_row_begin((int32_t)rows, r, num_ranks);
+    const int64_t end = glmrt_peer_row_begin((int32_t)rows, r + 1, num_ranks);
+    for (int64_t row = 0; row < rows; ++row) {
+        for (int32_t c = 0; c < width; ++c) {
+            const int own = row >= begin && row < end;
+            words[row * width + c] = own ? glmrt_bench_gather_pattern(row, column_base + c) : glmrt_bench_gather_stale(r);
+        }
+    }
+}
+
+static int64_t glmrt_bench_gather_first_wrong(const uint32_t *words, int64_t rows, int32_t width, int32_t column_base)
+{
+    for (int64_t i = 0; i < rows * width; ++i) {
+        if (words[i] != glmrt_bench_gather_pattern(i / width, column_base + (int32_t)(i % width))) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int glmrt_bench_gather_move(glmrt_bench_gpus *gpus, int32_t r, uint32_t *host, int64_t rows, int32_t width,
+                                   float *device, int upload)
+{
+    const size_t bytes = (size_t)(rows * width) * sizeof(uint32_t);
+    if (width == 0 || glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
+        return width == 0 ? 0 : 1;
+    }
+    return upload ? glmrt_bench_cuda(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "copy")
+                  : glmrt_bench_cuda(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy");
+}
+
+static int glmrt_bench_gather_verify(glmrt_bench_gpus *gpus, uint32_t *first, uint32_t *second, int64_t rows,
+                                     int32_t first_words, int32_t second_words)
+{
+    for (int32_t r = 0; r < gpus->count; ++r) {
+        if (glmrt_bench_gather_move(gpus, r, first, rows, first_words, gpus->buffers[r], 0) ||
+            glmrt_bench_gather_move(gpus, r, second, rows, second_words, gpus->results[r], 0)) {
+            return 1;
+        }
+        const int64_t wrong_first = glmrt_bench_gather_first_wrong(first, rows, first_words, 0);
+        const int64_t wrong_second = glmrt_bench_gather_first_wrong(second, rows, second_words, first_words);
+        if (wrong_first >= 0 || wrong_second >= 0) {
+            printf("check of the row gather over %lld rows of %d and %d words: GPU %d holds a wrong word at %lld of "
+                   "the %s array\n",
+                   (long long)rows, first_words, second_words, r,
+                   (long long)(wrong_first >= 0 ? wrong_first : wrong_second), wrong_first >= 0 ? "first" : "second");
+            return 1;
+        }
+    }
+    printf("check of the row gather over %lld rows of %d and %d words: every GPU holds every row\n", (long long)rows,
+           first_words, second_words);
+    return 0;
+}
+
+static int glmrt_bench_check_gather(glmrt_bench_gpus *gpus, int64_t rows, int32_t first_words, int32_t second_words)
+{
+    uint32_t *first = (uint32_t *)malloc((size_t)(rows * first_words) * sizeof(uint32_t));
+    uint32_t *second = (uint32_t *)malloc((size_t)(rows * (second_words > 0 ? second_words : 1)) * sizeof(uint32_t));
+    int failed = first == nullptr || second == nullptr;
+    for (int32_t r = 0; r < gpus->count && !failed; ++r) {
+        glmrt_bench_gather_host_rows(first, rows, first_words, 0, r, gpus->count);
+        glmrt_bench_gather_host_rows(second, rows, second_words, first_words, r, gpus->count);
+        failed = glmrt_bench_gather_move(gpus, r, first, rows, first_words, gpus->buffers[r], 1) ||
+                 glmrt_bench_gather_move(gpus, r, second, rows, second_words, gpus->results[r], 1);
+    }
+    for (int32_t r = 0; r < gpus->count && !failed; ++r) {
+        failed = glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice") ||
+                 glmrt_bench_gather_enqueue(gpus, r, rows, first_words, second_words);
+    }
+    if (!failed) {
+        failed = glmrt_bench_sync(gpus) || glmrt_bench_gather_verify(gpus, first, second, rows, first_words,
+                                                                     second_words);
+    }
+    free(first);
+    free(second);
+    return failed;
+}
+
+static int glmrt_bench_check_gathers(glmrt_bench_gpus *gpus)
+{
+    static const int64_t rows_list[] = {4, 7, 64, 301, GLMRT_BENCH_MAX_ROWS};
+    for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
+        if (rows_list[i] >= gpus->count &&
+            glmrt_bench_check_gather(gpus, rows_list[i], GLMRT_BENCH_GATHER_WORDS, GLMRT_BENCH_GATHER_WORDS)) {
+            return 1;
+        }
+    }
+    return glmrt_bench_check_gather(gpus, 13, 3, 0);
+}
+
 static int glmrt_bench_check(glmrt_bench_gpus *gpus)
 {
+    if (glmrt_bench_check_gathers(gpus)) {
+        return 1;
+    }
     static const int64_t rows_list[] = {1, 3, 64, GLMRT_BENCH_MAX_ROWS};
     for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
         if (glmrt_bench_check_rows(gpus, rows_list[i]) ||
@@ -412,7 +544,7 @@ static int glmrt_bench_table(glmrt_bench_gpus *gpus)
     printf("%d GPUs, hidden %d, fp32 in place, %d all-reduces a CUDA graph, %d replays\n", gpus->count,
            GLMRT_BENCH_HIDDEN, GLMRT_BENCH_CALLS, GLMRT_BENCH_REPLAYS);
     printf("| rows | KB a GPU | NCCL us | one-shot us | two-shot us | NCCL / faster peer | BF16 one-shot us | BF16 "
-           "two-shot us |\n|---|---|---|---|---|---|---|---|\n");
+           "two-shot us | row gather us, 16 words a row |\n|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
         int64_t count = (int64_t)rows_list[i] * GLMRT_BENCH_HIDDEN;
         double nccl_us = 0.0;
@@ -420,16 +552,19 @@ static int glmrt_bench_table(glmrt_bench_gpus *gpus)
         double two_us = 0.0;
         double bf16_one_us = 0.0;
         double bf16_two_us = 0.0;
+        double gather_us = 0.0;
         if (glmrt_bench_time(gpus, GLMRT_BENCH_NCCL, count, &nccl_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_ONE_SHOT, count, &one_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_TWO_SHOT, count, &two_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_BF16_ONE_SHOT, count, &bf16_one_us) ||
-            glmrt_bench_time(gpus, GLMRT_BENCH_BF16_TWO_SHOT, count, &bf16_two_us)) {
+            glmrt_bench_time(gpus, GLMRT_BENCH_BF16_TWO_SHOT, count, &bf16_two_us) ||
+            (rows_list[i] >= gpus->count && glmrt_bench_time(gpus, GLMRT_BENCH_ROW_GATHER, rows_list[i], &gather_us))) {
             return 1;
         }
         double faster = one_us < two_us ? one_us : two_us;
-        printf("| %d | %.0f | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2f |\n", rows_list[i],
-               (double)count * 4.0 / 1024.0, nccl_us, one_us, two_us, nccl_us / faster, bf16_one_us, bf16_two_us);
+        printf("| %d | %.0f | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2f |\n", rows_list[i],
+               (double)count * 4.0 / 1024.0, nccl_us, one_us, two_us, nccl_us / faster, bf16_one_us, bf16_two_us,
+               gather_us);
         fflush(stdout);
     }
     return 0;

@@ -146,14 +146,18 @@ def run_bench_driver(name, num_devices):
 
 
 @pytest.mark.parametrize("num_devices", splits_available())
-def test_peer_one_shot_and_two_shot_sums_have_the_same_bits_on_every_gpu(num_devices):
+def test_peer_sums_have_the_same_bits_on_every_gpu_and_the_row_gather_moves_every_row(num_devices):
     result = run_bench_driver("allreduce_bench", num_devices)
     checks = [line for line in result.stdout.splitlines() if line.startswith("check over")]
     bf16_checks = [line for line in result.stdout.splitlines() if line.startswith("check of the BF16 sums over")]
+    gather_checks = [line for line in result.stdout.splitlines() if line.startswith("check of the row gather over")]
     assert len(checks) == 4
     assert len(bf16_checks) == 5
+    assert len(gather_checks) == 6
     for line in checks + bf16_checks:
         assert "every GPU's sum has the same bits, one-shot and two-shot have the same bits" in line, line
+    for line in gather_checks:
+        assert line.endswith("every GPU holds every row"), line
 
 
 @pytest.mark.parametrize("num_devices", splits_available())

@@ -418,9 +418,15 @@ glmrt_status glmrt_peer_reduce_args_for(const glmrt_cuda_peer_reduce *peer, floa
                                "the peer all-reduce holds %lld floats in fours, asked to sum %lld",
                                (long long)(peer == nullptr ? 0 : peer->capacity), (long long)count);
     }
-    memset(args, 0, sizeof(*args));
+    glmrt_peer_link_args(peer, args);
     args->x = reinterpret_cast<float4 *>(x);
     args->count4 = count / 4;
+    return GLMRT_OK;
+}
+
+void glmrt_peer_link_args(const glmrt_cuda_peer_reduce *peer, glmrt_peer_reduce_args *args)
+{
+    memset(args, 0, sizeof(*args));
     args->capacity = peer->capacity;
     args->own_staging = peer->staging;
     args->own_signals = peer->signals;
@@ -432,7 +438,6 @@ glmrt_status glmrt_peer_reduce_args_for(const glmrt_cuda_peer_reduce *peer, floa
     args->abort_flag = peer->abort_flag;
     args->rank = peer->rank;
     args->num_ranks = peer->num_ranks;
-    return GLMRT_OK;
 }
 
 glmrt_status glmrt_peer_launched(const char *what, int64_t count, glmrt_error *error)

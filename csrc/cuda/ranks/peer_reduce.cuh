@@ -46,6 +46,19 @@ typedef struct glmrt_cuda_peer_group {
     int32_t bf16_partials;
 } glmrt_cuda_peer_group;
 
+typedef struct glmrt_cuda_peer_row_gather {
+    uint32_t *first;
+    int32_t first_words;
+    uint32_t *second;
+    int32_t second_words;
+    int32_t num_rows;
+} glmrt_cuda_peer_row_gather;
+
+static inline __host__ __device__ int32_t glmrt_peer_row_begin(int32_t num_rows, int32_t rank, int32_t num_ranks)
+{
+    return (int32_t)((int64_t)num_rows * rank / num_ranks);
+}
+
 glmrt_status glmrt_cuda_peer_unreachable(const int32_t *devices, int32_t num_devices, int32_t *out_from,
                                          int32_t *out_to, glmrt_error *error);
 glmrt_status glmrt_cuda_peer_reduce_open(glmrt_cuda_peer_group *group, int32_t **out_host_abort_flag,
@@ -62,5 +75,8 @@ glmrt_status glmrt_cuda_peer_reduce_bf16_run_shots(const glmrt_cuda_peer_reduce 
 glmrt_status glmrt_cuda_peer_reduce_bf16_run(const glmrt_cuda_peer_reduce *peer, const float *partial,
                                              float *residual, int64_t count, cudaStream_t stream,
                                              glmrt_error *error);
+int glmrt_cuda_peer_gather_rows_fits(const glmrt_cuda_peer_reduce *peer, int32_t num_rows, int32_t row_words);
+glmrt_status glmrt_cuda_peer_gather_rows(const glmrt_cuda_peer_reduce *peer, const glmrt_cuda_peer_row_gather *rows,
+                                         cudaStream_t stream, glmrt_error *error);
 
 #endif

@@ -152,6 +152,7 @@ static __device__ __forceinline__ int32_t glmrt_peer_rotated(const glmrt_peer_re
 
 glmrt_status glmrt_peer_reduce_args_for(const glmrt_cuda_peer_reduce *peer, float *x, int64_t count,
                                         glmrt_peer_reduce_args *args, glmrt_error *error);
+void glmrt_peer_link_args(const glmrt_cuda_peer_reduce *peer, glmrt_peer_reduce_args *args);
 glmrt_status glmrt_peer_launched(const char *what, int64_t count, glmrt_error *error);
 glmrt_peer_shots glmrt_peer_shots_for(int64_t count, glmrt_peer_shots shots);
 glmrt_status glmrt_peer_resident_blocks(int32_t device, const void *kernel, int32_t *out_blocks, glmrt_error *error);

@@ -6,6 +6,7 @@
 #include "device_math.cuh"
 #include "moe.cuh"
 #include "norm.cuh"
+#include "peer_reduce.cuh"
 #include "ops.cuh"
 #include "rank_gather.cuh"
 #include "rank_reduce.cuh"
@@ -14,6 +15,7 @@
 #include "router.cuh"
 
 #define GLMRT_EXPERT_TILE_HEADROOM 2
+#define GLMRT_ROUTE_OWN_ROWS_MIN_TOKENS 256
 
 typedef struct glmrt_step_context {
     glmrt_cuda_state *state;
@@ -387,6 +389,53 @@ static void glmrt_layer_dispatch_args(const glmrt_step_context *step, int32_t ti
     dispatch->num_sorted = ws->moe_counters + 1;
 }
 
+static glmrt_status glmrt_layer_router_logits(const glmrt_step_context *step, const glmrt_cuda_layer *layer,
+                                              int32_t first_row, int32_t num_rows)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    const float *x = st->ws.normed + (int64_t)first_row * d->hidden;
+    float *logits = st->ws.router_logits + (int64_t)first_row * d->num_experts;
+    if (glmrt_cuda_router_supports(&layer->router)) {
+        return glmrt_cuda_router_logits(&layer->router, x, d->hidden, num_rows, logits, d->num_experts, step->stream,
+                                        step->error);
+    }
+    return glmrt_cuda_gemm_dense(&layer->router, x, d->hidden, logits, d->num_experts, num_rows, nullptr, 0,
+                                 step->stream, step->error);
+}
+
+static int glmrt_layer_routes_own_rows(const glmrt_step_context *step)
+{
+    const glmrt_cuda_state *st = step->state;
+    return step->counts->num_tokens >= GLMRT_ROUTE_OWN_ROWS_MIN_TOKENS &&
+           glmrt_cuda_peer_gather_rows_fits(&st->peer, step->counts->num_tokens, 2 * st->dims.top_k);
+}
+
+static glmrt_status glmrt_layer_route_own_rows(glmrt_step_context *step, const glmrt_cuda_layer *layer,
+                                               glmrt_cuda_route_args *route, const glmrt_cuda_dispatch_args *dispatch)
+{
+    glmrt_cuda_state *st = step->state;
+    const int32_t t = step->counts->num_tokens;
+    const int32_t k = st->dims.top_k;
+    const int32_t begin = glmrt_peer_row_begin(t, st->peer.rank, st->peer.num_ranks);
+    const int32_t end = glmrt_peer_row_begin(t, st->peer.rank + 1, st->peer.num_ranks);
+    GLMRT_TRY(glmrt_layer_router_logits(step, layer, begin, end - begin));
+    route->logits += (int64_t)begin * st->dims.num_experts;
+    route->topk_ids += (int64_t)begin * k;
+    route->topk_weights += (int64_t)begin * k;
+    route->num_tokens = end - begin;
+    GLMRT_TRY(glmrt_cuda_moe_route(route, step->stream, step->error));
+    GLMRT_TRY(glmrt_step_check_peers(step));
+    glmrt_cuda_peer_row_gather rows;
+    rows.first = reinterpret_cast<uint32_t *>(st->ws.topk_ids);
+    rows.first_words = k;
+    rows.second = reinterpret_cast<uint32_t *>(st->ws.topk_weights);
+    rows.second_words = k;
+    rows.num_rows = t;
+    GLMRT_TRY(glmrt_cuda_peer_gather_rows(&st->peer, &rows, step->stream, step->error));
+    return glmrt_cuda_moe_dispatch(dispatch, step->stream, step->error);
+}
+
 static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda_layer *layer, int32_t tile_rows)
 {
     glmrt_cuda_state *st = step->state;
@@ -397,6 +446,9 @@ static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda
     glmrt_cuda_dispatch_args dispatch;
     glmrt_layer_route_args(step, layer, &route);
     glmrt_layer_dispatch_args(step, tile_rows, &dispatch);
+    if (glmrt_layer_routes_own_rows(step)) {
+        return glmrt_layer_route_own_rows(step, layer, &route, &dispatch);
+    }
     if (glmrt_cuda_router_resident_fits(&layer->router, t)) {
         glmrt_cuda_route_resident_args resident;
         resident.router = &layer->router;
@@ -408,13 +460,7 @@ static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda
         resident.arrivals = ws->moe_counters + GLMRT_MOE_ARRIVALS_COUNTER;
         return glmrt_cuda_route_resident(&resident, step->stream, step->error);
     }
-    if (glmrt_cuda_router_supports(&layer->router)) {
-        GLMRT_TRY(glmrt_cuda_router_logits(&layer->router, ws->normed, d->hidden, t, ws->router_logits, d->num_experts,
-                                           step->stream, step->error));
-    } else {
-        GLMRT_TRY(glmrt_cuda_gemm_dense(&layer->router, ws->normed, d->hidden, ws->router_logits, d->num_experts, t,
-                                        nullptr, 0, step->stream, step->error));
-    }
+    GLMRT_TRY(glmrt_layer_router_logits(step, layer, 0, t));
     return glmrt_cuda_moe_route_dispatch(&route, &dispatch, step->stream, step->error);
 }
 
