@@ -18,6 +18,7 @@ SPLIT_RELATIVE_L2 = 1e-3
 SPLIT_NATIVE_RELATIVE_L2 = 0.5
 BF16_SUM_RELATIVE_L2 = 0.05
 SPLITS = (2, 4)
+ROWS_ROUTED_BY_THEIR_OWNER = 300
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_ready() or cuda_device_count() < 2,
@@ -124,7 +125,7 @@ def test_peer_all_reduce_computes_what_nccl_computes_bit_for_bit(num_devices):
         assert nccl.info().all_reduce == native.ALL_REDUCE_NCCL
         assert peer.info().all_reduce == native.ALL_REDUCE_PEER
         assert peer.info().workspace_bytes > nccl.info().workspace_bytes
-        for prompt in prompts_for(peer):
+        for prompt in prompts_for(peer) + [prompt_of_length(ROWS_ROUTED_BY_THEIR_OWNER, peer.vocab_size, 3)]:
             expected, actual = first_logits(nccl, prompt), first_logits(peer, prompt)
             assert np.all(np.isfinite(actual))
             assert np.array_equal(actual, expected), f"prompt of {len(prompt)} over {num_devices} GPUs"
