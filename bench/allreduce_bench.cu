@@ -18,6 +18,8 @@
 #define GLMRT_BENCH_CALLS 64
 #define GLMRT_BENCH_REPLAYS 20
 #define GLMRT_BENCH_GATHER_WORDS 8
+#define GLMRT_BENCH_GATHER_OPERAND_WORDS (GLMRT_BENCH_HIDDEN / 4)
+#define GLMRT_BENCH_GATHER_ROUTE_WORDS 17
 
 enum glmrt_bench_method {
     GLMRT_BENCH_NCCL = 0,
@@ -25,7 +27,8 @@ enum glmrt_bench_method {
     GLMRT_BENCH_TWO_SHOT = 2,
     GLMRT_BENCH_BF16_ONE_SHOT = 3,
     GLMRT_BENCH_BF16_TWO_SHOT = 4,
-    GLMRT_BENCH_ROW_GATHER = 5
+    GLMRT_BENCH_ROW_GATHER = 5,
+    GLMRT_BENCH_BF16_SCATTER_ROWS = 6
 };
 
 typedef struct glmrt_bench_gpus {
@@ -140,11 +143,11 @@ static int glmrt_bench_gather_enqueue(glmrt_bench_gpus *gpus, int32_t r, int64_t
     glmrt_error error;
     glmrt_error_clear(&error);
     glmrt_cuda_peer_row_gather gather;
-    gather.first = reinterpret_cast<uint32_t *>(gpus->buffers[r]);
-    gather.first_words = first_words;
-    gather.second = second_words > 0 ? reinterpret_cast<uint32_t *>(gpus->results[r]) : nullptr;
-    gather.second_words = second_words;
-    gather.num_rows = (int32_t)rows;
+    glmrt_cuda_peer_row_gather_clear(&gather, (int32_t)rows);
+    glmrt_cuda_peer_row_gather_add(&gather, gpus->buffers[r], first_words);
+    if (second_words > 0) {
+        glmrt_cuda_peer_row_gather_add(&gather, gpus->results[r], second_words);
+    }
     if (glmrt_cuda_peer_gather_rows(&gpus->peers[r], &gather, gpus->streams[r], &error) != GLMRT_OK) {
         fprintf(stderr, "allreduce_bench: %s\n", error.message);
         return 1;
@@ -170,8 +173,18 @@ static int glmrt_bench_enqueue(glmrt_bench_gpus *gpus, int32_t method, float *co
         if (glmrt_bench_cuda(cudaSetDevice(gpus->devices[r]), "cudaSetDevice")) {
             return 1;
         }
+        if (method == GLMRT_BENCH_BF16_SCATTER_ROWS) {
+            if (glmrt_cuda_peer_reduce_bf16_scatter_rows(&gpus->peers[r], buffers[r], residuals[r],
+                                                         (int32_t)(count / GLMRT_BENCH_HIDDEN), GLMRT_BENCH_HIDDEN,
+                                                         gpus->streams[r], &error) != GLMRT_OK) {
+                fprintf(stderr, "allreduce_bench: %s\n", error.message);
+                return 1;
+            }
+            continue;
+        }
         if (method == GLMRT_BENCH_ROW_GATHER) {
-            if (glmrt_bench_gather_enqueue(gpus, r, count, GLMRT_BENCH_GATHER_WORDS, GLMRT_BENCH_GATHER_WORDS)) {
+            if (glmrt_bench_gather_enqueue(gpus, r, count, GLMRT_BENCH_GATHER_OPERAND_WORDS,
+                                           GLMRT_BENCH_GATHER_ROUTE_WORDS)) {
                 return 1;
             }
             continue;
@@ -449,8 +462,65 @@ static int glmrt_bench_check_gathers(glmrt_bench_gpus *gpus)
     return glmrt_bench_check_gather(gpus, 13, 3, 0);
 }
 
+static int64_t glmrt_bench_scatter_first_wrong(const float *two_shot, const float *by_rows, int64_t rows,
+                                               int32_t r, int32_t num_ranks)
+{
+    const int64_t begin = glmrt_peer_row_begin((int32_t)rows, r, num_ranks) * (int64_t)GLMRT_BENCH_HIDDEN;
+    const int64_t end = glmrt_peer_row_begin((int32_t)rows, r + 1, num_ranks) * (int64_t)GLMRT_BENCH_HIDDEN;
+    for (int64_t i = 0; i < rows * GLMRT_BENCH_HIDDEN; ++i) {
+        const int own = i >= begin && i < end;
+        if (own ? memcmp(&two_shot[i], &by_rows[i], sizeof(float)) != 0 : by_rows[i] != 0.0f) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int glmrt_bench_check_scatter_rows(glmrt_bench_gpus *gpus, int64_t rows)
+{
+    const int64_t count = rows * GLMRT_BENCH_HIDDEN;
+    if (glmrt_bench_fill_inputs(gpus, count, gpus->buffers) || glmrt_bench_zero(gpus, gpus->results, count) ||
+        glmrt_bench_zero(gpus, gpus->second_results, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_TWO_SHOT, gpus->buffers, gpus->results, count) ||
+        glmrt_bench_enqueue(gpus, GLMRT_BENCH_BF16_SCATTER_ROWS, gpus->buffers, gpus->second_results, count) ||
+        glmrt_bench_sync(gpus)) {
+        return 1;
+    }
+    float *two_shot = (float *)malloc((size_t)count * sizeof(float));
+    float *by_rows = (float *)malloc((size_t)count * sizeof(float));
+    int failed = two_shot == nullptr || by_rows == nullptr;
+    int64_t wrong = -1;
+    int32_t wrong_rank = 0;
+    for (int32_t r = 0; r < gpus->count && !failed && wrong < 0; ++r) {
+        failed = glmrt_bench_copy_back(gpus, r, gpus->results[r], two_shot, count) ||
+                 glmrt_bench_copy_back(gpus, r, gpus->second_results[r], by_rows, count);
+        wrong = failed ? -1 : glmrt_bench_scatter_first_wrong(two_shot, by_rows, rows, r, gpus->count);
+        wrong_rank = r;
+    }
+    free(two_shot);
+    free(by_rows);
+    if (failed) {
+        return 1;
+    }
+    if (wrong >= 0) {
+        printf("check of the BF16 reduce by rows over %lld rows: GPU %d differs from the two-shot at float %lld\n",
+               (long long)rows, wrong_rank, (long long)wrong);
+        return 1;
+    }
+    printf("check of the BF16 reduce by rows over %lld rows: every GPU's own rows have the two-shot's bits, the others "
+           "are untouched\n",
+           (long long)rows);
+    return 0;
+}
+
 static int glmrt_bench_check(glmrt_bench_gpus *gpus)
 {
+    static const int64_t scatter_rows[] = {1, 3, 256, 301, GLMRT_BENCH_MAX_ROWS};
+    for (size_t i = 0; i < sizeof(scatter_rows) / sizeof(scatter_rows[0]); ++i) {
+        if (glmrt_bench_check_scatter_rows(gpus, scatter_rows[i])) {
+            return 1;
+        }
+    }
     if (glmrt_bench_check_gathers(gpus)) {
         return 1;
     }
@@ -544,7 +614,7 @@ static int glmrt_bench_table(glmrt_bench_gpus *gpus)
     printf("%d GPUs, hidden %d, fp32 in place, %d all-reduces a CUDA graph, %d replays\n", gpus->count,
            GLMRT_BENCH_HIDDEN, GLMRT_BENCH_CALLS, GLMRT_BENCH_REPLAYS);
     printf("| rows | KB a GPU | NCCL us | one-shot us | two-shot us | NCCL / faster peer | BF16 one-shot us | BF16 "
-           "two-shot us | row gather us, 16 words a row |\n|---|---|---|---|---|---|---|---|---|\n");
+           "two-shot us | BF16 reduce by rows us | row gather us, 1,280 + 17 words a row |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); ++i) {
         int64_t count = (int64_t)rows_list[i] * GLMRT_BENCH_HIDDEN;
         double nccl_us = 0.0;
@@ -553,18 +623,20 @@ static int glmrt_bench_table(glmrt_bench_gpus *gpus)
         double bf16_one_us = 0.0;
         double bf16_two_us = 0.0;
         double gather_us = 0.0;
+        double scatter_us = 0.0;
         if (glmrt_bench_time(gpus, GLMRT_BENCH_NCCL, count, &nccl_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_ONE_SHOT, count, &one_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_TWO_SHOT, count, &two_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_BF16_ONE_SHOT, count, &bf16_one_us) ||
             glmrt_bench_time(gpus, GLMRT_BENCH_BF16_TWO_SHOT, count, &bf16_two_us) ||
+            glmrt_bench_time(gpus, GLMRT_BENCH_BF16_SCATTER_ROWS, count, &scatter_us) ||
             (rows_list[i] >= gpus->count && glmrt_bench_time(gpus, GLMRT_BENCH_ROW_GATHER, rows_list[i], &gather_us))) {
             return 1;
         }
         double faster = one_us < two_us ? one_us : two_us;
-        printf("| %d | %.0f | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2f |\n", rows_list[i],
+        printf("| %d | %.0f | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2f | %.2f |\n", rows_list[i],
                (double)count * 4.0 / 1024.0, nccl_us, one_us, two_us, nccl_us / faster, bf16_one_us, bf16_two_us,
-               gather_us);
+               scatter_us, gather_us);
         fflush(stdout);
     }
     return 0;

@@ -18,7 +18,10 @@ SPLIT_RELATIVE_L2 = 1e-3
 SPLIT_NATIVE_RELATIVE_L2 = 0.5
 BF16_SUM_RELATIVE_L2 = 0.05
 SPLITS = (2, 4)
-ROWS_ROUTED_BY_THEIR_OWNER = 300
+ROWS_ROUTED_BY_THEIR_OWNER = 256
+ROWS_OWNED_BATCH = 260
+OWNED_ROWS_KERNEL = "glmrt_peer_bf16_scatter_rows_kernel"
+ROW_GATHER_KERNEL = "glmrt_peer_gather_rows_kernel"
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_ready() or cuda_device_count() < 2,
@@ -154,7 +157,12 @@ def test_peer_sums_have_the_same_bits_on_every_gpu_and_the_row_gather_moves_ever
     gather_checks = [line for line in result.stdout.splitlines() if line.startswith("check of the row gather over")]
     assert len(checks) == 4
     assert len(bf16_checks) == 5
+    scatter_checks = [line for line in result.stdout.splitlines()
+                      if line.startswith("check of the BF16 reduce by rows over")]
     assert len(gather_checks) == 6
+    assert len(scatter_checks) == 5
+    for line in scatter_checks:
+        assert line.endswith("every GPU's own rows have the two-shot's bits, the others are untouched"), line
     for line in checks + bf16_checks:
         assert "every GPU's sum has the same bits, one-shot and two-shot have the same bits" in line, line
     for line in gather_checks:
@@ -186,6 +194,43 @@ def test_peer_bf16_sums_stay_near_the_fp32_sums_and_keep_the_residual_on_every_g
             worst = max(worst, relative_l2(actual, expected))
         print(f"\nBF16 against FP32 sums over {num_devices} GPUs: worst relative L2 of the logits {worst:.3e}")
         assert worst < BF16_SUM_RELATIVE_L2
+
+
+def with_kernel_names(run):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        result = run()
+    return result, {event.name.split("(")[0] for event in profiler.events()}
+
+
+def rows_by_request(engine, prompts, steps):
+    requests = [engine.create_request(prompt, greedy(steps)) for prompt in prompts]
+    rows = [[] for _ in prompts]
+    finished = [0] * len(prompts)
+    while not all(finished):
+        tokens, finished, logits = engine.step_with_logits(requests)
+        for index, token in enumerate(tokens):
+            if token >= 0:
+                rows[index].append((token, logits[index].tobytes()))
+    for request in requests:
+        engine.free_request(request)
+    return rows
+
+
+@pytest.mark.parametrize("num_devices", splits_available())
+def test_rows_owned_by_each_gpu_keep_a_wide_batch_equal_to_solo_requests_bit_for_bit(num_devices):
+    with Engine(wide_model("fp8-block"), backend="cuda", num_devices=num_devices, all_reduce="peer-bf16",
+                max_batch=ROWS_OWNED_BATCH, max_tokens_per_step=2048, kv_page_size=16, kv_num_pages=1024) as engine:
+        prompts = [prompt_of_length(2 + index % 7, engine.vocab_size, 500 + index) for index in range(ROWS_OWNED_BATCH)]
+        batched, batched_kernels = with_kernel_names(lambda: rows_by_request(engine, prompts, 4))
+        assert all(len(rows) == 4 for rows in batched)
+        assert OWNED_ROWS_KERNEL in batched_kernels and ROW_GATHER_KERNEL in batched_kernels
+        for index in (0, 131, ROWS_OWNED_BATCH - 1):
+            solo, solo_kernels = with_kernel_names(lambda: rows_by_request(engine, [prompts[index]], 4))
+            assert OWNED_ROWS_KERNEL not in solo_kernels
+            assert solo[0] == batched[index], f"request {index}"
+        stats = engine.stats()
+        assert stats.kv_pages_free == stats.kv_pages_total
 
 
 @pytest.mark.parametrize("num_devices", splits_available())

@@ -200,6 +200,7 @@ static glmrt_status glmrt_peer_choose_blocks(const glmrt_cuda_peer_group *group,
                                              error));
         GLMRT_TRY(glmrt_peer_resident_blocks(group->devices[r], (const void *)glmrt_peer_two_shot_kernel, &blocks,
                                              error));
+        GLMRT_TRY(glmrt_peer_gather_resident_blocks(group->devices[r], &blocks, error));
         if (group->bf16_partials) {
             GLMRT_TRY(glmrt_peer_bf16_resident_blocks(group->devices[r], &blocks, error));
         }

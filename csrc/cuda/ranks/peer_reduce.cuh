@@ -46,11 +46,12 @@ typedef struct glmrt_cuda_peer_group {
     int32_t bf16_partials;
 } glmrt_cuda_peer_group;
 
+#define GLMRT_PEER_GATHER_ARRAYS 4
+
 typedef struct glmrt_cuda_peer_row_gather {
-    uint32_t *first;
-    int32_t first_words;
-    uint32_t *second;
-    int32_t second_words;
+    uint32_t *arrays[GLMRT_PEER_GATHER_ARRAYS];
+    int32_t words[GLMRT_PEER_GATHER_ARRAYS];
+    int32_t num_arrays;
     int32_t num_rows;
 } glmrt_cuda_peer_row_gather;
 
@@ -75,8 +76,14 @@ glmrt_status glmrt_cuda_peer_reduce_bf16_run_shots(const glmrt_cuda_peer_reduce 
 glmrt_status glmrt_cuda_peer_reduce_bf16_run(const glmrt_cuda_peer_reduce *peer, const float *partial,
                                              float *residual, int64_t count, cudaStream_t stream,
                                              glmrt_error *error);
-int glmrt_cuda_peer_gather_rows_fits(const glmrt_cuda_peer_reduce *peer, int32_t num_rows, int32_t row_words);
+void glmrt_cuda_peer_row_gather_clear(glmrt_cuda_peer_row_gather *rows, int32_t num_rows);
+void glmrt_cuda_peer_row_gather_add(glmrt_cuda_peer_row_gather *rows, void *array, int32_t words);
+int glmrt_cuda_peer_gather_rows_fits(const glmrt_cuda_peer_reduce *peer, int32_t num_rows, int64_t row_words);
 glmrt_status glmrt_cuda_peer_gather_rows(const glmrt_cuda_peer_reduce *peer, const glmrt_cuda_peer_row_gather *rows,
                                          cudaStream_t stream, glmrt_error *error);
+int glmrt_cuda_peer_scatter_rows_fits(const glmrt_cuda_peer_reduce *peer, int32_t num_rows, int32_t row_floats);
+glmrt_status glmrt_cuda_peer_reduce_bf16_scatter_rows(const glmrt_cuda_peer_reduce *peer, const float *partial,
+                                                      float *residual, int32_t num_rows, int32_t row_floats,
+                                                      cudaStream_t stream, glmrt_error *error);
 
 #endif

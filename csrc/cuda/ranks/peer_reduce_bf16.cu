@@ -141,9 +141,72 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two
     }
 }
 
+typedef struct glmrt_peer_scatter_rows {
+    int32_t num_rows;
+    int64_t row_pairs;
+} glmrt_peer_scatter_rows;
+
+static __device__ __forceinline__ glmrt_peer_span glmrt_peer_row_pairs_of(const glmrt_peer_scatter_rows &rows,
+                                                                          int32_t slice, int32_t num_ranks)
+{
+    return glmrt_peer_block_part(glmrt_peer_row_begin(rows.num_rows, slice, num_ranks) * rows.row_pairs,
+                                 glmrt_peer_row_begin(rows.num_rows, slice + 1, num_ranks) * rows.row_pairs);
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS)
+    glmrt_peer_bf16_scatter_rows_kernel(glmrt_peer_reduce_args a, glmrt_peer_scatter_rows rows)
+{
+    const unsigned long long epoch = glmrt_peer_next_epoch(a);
+    const int64_t half = (int64_t)(epoch & 1ull);
+    for (int32_t step = 1; step < a.num_ranks; ++step) {
+        const int32_t s = glmrt_peer_rotated(a, step);
+        const glmrt_peer_span part = glmrt_peer_row_pairs_of(rows, s, a.num_ranks);
+        uint4 *inbox = glmrt_peer_inbox<uint4>(a, s, half, a.rank);
+        for (int64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+            inbox[j] = glmrt_peer_bf16_own_pair(a, j);
+        }
+    }
+    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
+        return;
+    }
+    const glmrt_peer_span mine = glmrt_peer_row_pairs_of(rows, a.rank, a.num_ranks);
+    for (int64_t j = mine.begin + threadIdx.x; j < mine.end; j += blockDim.x) {
+        glmrt_peer_bf16_add_pair_to_residual(a, j, glmrt_peer_bf16_rounded_pair_sum(a, half, j,
+                                                                                    glmrt_peer_bf16_own_pair(a, j)));
+    }
+}
+
+int glmrt_cuda_peer_scatter_rows_fits(const glmrt_cuda_peer_reduce *peer, int32_t num_rows, int32_t row_floats)
+{
+    return row_floats > 0 && row_floats % 8 == 0 && num_rows >= 1 &&
+           glmrt_cuda_peer_reduce_fits(peer, (int64_t)num_rows * row_floats);
+}
+
+glmrt_status glmrt_cuda_peer_reduce_bf16_scatter_rows(const glmrt_cuda_peer_reduce *peer, const float *partial,
+                                                      float *residual, int32_t num_rows, int32_t row_floats,
+                                                      cudaStream_t stream, glmrt_error *error)
+{
+    const int64_t count = (int64_t)num_rows * row_floats;
+    if (!glmrt_cuda_peer_scatter_rows_fits(peer, num_rows, row_floats) || (uintptr_t)residual % sizeof(float4) != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "the BF16 peer reduce by rows takes rows of a multiple of 8 floats into a 16-byte "
+                               "aligned residual within %lld floats, got %d rows of %d",
+                               (long long)(peer == nullptr ? 0 : peer->capacity), num_rows, row_floats);
+    }
+    glmrt_peer_reduce_args args;
+    GLMRT_TRY(glmrt_peer_reduce_args_for(peer, const_cast<float *>(partial), count, &args, error));
+    args.residual = reinterpret_cast<float4 *>(residual);
+    glmrt_peer_scatter_rows rows;
+    rows.num_rows = num_rows;
+    rows.row_pairs = row_floats / 8;
+    glmrt_peer_bf16_scatter_rows_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args, rows);
+    return glmrt_peer_launched("the BF16 peer reduce by rows", count, error);
+}
+
 glmrt_status glmrt_peer_bf16_resident_blocks(int32_t device, int32_t *blocks, glmrt_error *error)
 {
     GLMRT_TRY(glmrt_peer_resident_blocks(device, (const void *)glmrt_peer_bf16_one_shot_kernel, blocks, error));
+    GLMRT_TRY(glmrt_peer_resident_blocks(device, (const void *)glmrt_peer_bf16_scatter_rows_kernel, blocks, error));
     return glmrt_peer_resident_blocks(device, (const void *)glmrt_peer_bf16_two_shot_kernel, blocks, error);
 }
 

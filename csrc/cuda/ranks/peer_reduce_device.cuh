@@ -157,5 +157,6 @@ glmrt_status glmrt_peer_launched(const char *what, int64_t count, glmrt_error *e
 glmrt_peer_shots glmrt_peer_shots_for(int64_t count, glmrt_peer_shots shots);
 glmrt_status glmrt_peer_resident_blocks(int32_t device, const void *kernel, int32_t *out_blocks, glmrt_error *error);
 glmrt_status glmrt_peer_bf16_resident_blocks(int32_t device, int32_t *blocks, glmrt_error *error);
+glmrt_status glmrt_peer_gather_resident_blocks(int32_t device, int32_t *blocks, glmrt_error *error);
 
 #endif

@@ -232,13 +232,11 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     glmrt_cuda_workspace_layout(d, &st->capacity, sort_bytes, nullptr, &st->ws, &st->workspace_bytes);
     GLMRT_TRY(glmrt_cuda_device_alloc(st, (void **)&st->workspace_memory, st->workspace_bytes, "workspace"));
     glmrt_cuda_workspace_layout(d, &st->capacity, sort_bytes, st->workspace_memory, &st->ws, &st->workspace_bytes);
-    if (st->ws.moe_counters != nullptr) {
-        GLMRT_CUDA_TRY(st->error, cudaMemsetAsync(st->ws.moe_counters, 0, GLMRT_MOE_COUNTERS * sizeof(int32_t),
-                                                  st->stream));
-    }
+    GLMRT_CUDA_TRY(st->error, cudaMemsetAsync(st->workspace_memory, 0, (size_t)st->workspace_bytes, st->stream));
     st->kv_pad_page = st->kv_num_pages;
     st->kv_bytes = st->kv_bytes_per_page * ((int64_t)st->kv_num_pages + 1);
     GLMRT_TRY(glmrt_cuda_device_alloc(st, (void **)&st->kv_memory, st->kv_bytes, "the KV cache"));
+    GLMRT_CUDA_TRY(st->error, cudaMemsetAsync(st->kv_memory, 0, (size_t)st->kv_bytes, st->stream));
     int32_t page_size = st->engine->options.kv_page_size;
     st->kv.base = st->kv_memory;
     st->kv.page_size = page_size;

@@ -418,6 +418,17 @@ static glmrt_status glmrt_group_capture_decode_graphs(glmrt_cuda_group *group)
     return glmrt_group_dispatch(group, &work);
 }
 
+static void glmrt_group_agree_on_owned_rows(glmrt_cuda_group *group)
+{
+    int32_t capable = group->num_ranks > 1;
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        capable = capable && glmrt_cuda_forward_can_own_rows(group->ranks[r]);
+    }
+    for (int32_t r = 0; r < group->num_ranks; ++r) {
+        group->ranks[r]->rows_owned_capable = capable;
+    }
+}
+
 static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
 {
     glmrt_engine *engine = group->engine;
@@ -441,6 +452,7 @@ static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
             return glmrt_group_report(group, r, status);
         }
     }
+    glmrt_group_agree_on_owned_rows(group);
     glmrt_cuda_state *first = group->ranks[0];
     GLMRT_CUDA_TRY(&engine->error, cudaSetDevice(first->device));
     GLMRT_CUDA_TRY(&engine->error, cudaHostAlloc((void **)&group->host_step_inputs, (size_t)first->step_input_bytes,

@@ -127,6 +127,7 @@ typedef struct glmrt_cuda_state {
     glmrt_error rank_error;
     int32_t device;
     int32_t owns_residual;
+    int32_t rows_owned_capable;
     ncclComm_t comm;
     glmrt_cuda_peer_reduce peer;
     glmrt_cuda_ordered_gather ordered;
@@ -183,6 +184,7 @@ glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_s
 glmrt_status glmrt_cuda_forward_wait(glmrt_cuda_state *st, int64_t *out_device_ns);
 glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
+int glmrt_cuda_forward_can_own_rows(const glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                         cudaGraphExec_t *out);
 glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,

@@ -15,7 +15,7 @@
 #include "router.cuh"
 
 #define GLMRT_EXPERT_TILE_HEADROOM 2
-#define GLMRT_ROUTE_OWN_ROWS_MIN_TOKENS 256
+#define GLMRT_OWN_ROWS_MIN_TOKENS 256
 
 typedef struct glmrt_step_context {
     glmrt_cuda_state *state;
@@ -23,7 +23,13 @@ typedef struct glmrt_step_context {
     glmrt_cuda_step_view view;
     glmrt_error *error;
     cudaStream_t stream;
+    int32_t rows_owned;
 } glmrt_step_context;
+
+typedef struct glmrt_step_rows {
+    int32_t begin;
+    int32_t end;
+} glmrt_step_rows;
 
 typedef glmrt_cuda_qgemm_operand glmrt_cuda_matmuls::*glmrt_operand_slot;
 
@@ -42,10 +48,87 @@ static glmrt_status glmrt_step_check_peers(const glmrt_step_context *step)
     return GLMRT_OK;
 }
 
+static glmrt_step_rows glmrt_step_own_rows(const glmrt_cuda_state *st, int32_t num_rows)
+{
+    glmrt_step_rows rows;
+    rows.begin = glmrt_peer_row_begin(num_rows, st->peer.rank, st->peer.num_ranks);
+    rows.end = glmrt_peer_row_begin(num_rows, st->peer.rank + 1, st->peer.num_ranks);
+    return rows;
+}
+
+static int32_t glmrt_operand_row_words(const glmrt_cuda_qgemm_operand *x)
+{
+    return (int32_t)((int64_t)x->cols * glmrt_operand_bytes(x->kind) / (int64_t)sizeof(uint32_t));
+}
+
+static int glmrt_operand_rows_gatherable(const glmrt_cuda_qgemm_operand *x)
+{
+    return ((int64_t)x->cols * glmrt_operand_bytes(x->kind)) % 16 == 0 && ((uintptr_t)x->data & 15u) == 0 &&
+           (x->kind != GLMRT_OPERAND_FP8 || x->scales != nullptr);
+}
+
+static void glmrt_step_add_operand_rows(glmrt_cuda_peer_row_gather *gather, const glmrt_cuda_qgemm_operand *x)
+{
+    glmrt_cuda_peer_row_gather_add(gather, x->data, glmrt_operand_row_words(x));
+    if (x->kind == GLMRT_OPERAND_FP8) {
+        glmrt_cuda_peer_row_gather_add(gather, x->scales, 1);
+    }
+}
+
+static int glmrt_matrix_takes_rounded_rows(const glmrt_cuda_matrix *w)
+{
+    return w->rows <= 0 || w->qgemm != nullptr;
+}
+
+static int glmrt_layer_rounds_every_input(const glmrt_cuda_state *st, const glmrt_cuda_layer *layer)
+{
+    if (!glmrt_matrix_takes_rounded_rows(&layer->qkv)) {
+        return 0;
+    }
+    if (!layer->is_moe) {
+        return glmrt_matrix_takes_rounded_rows(&layer->dense_gate_up);
+    }
+    if (layer->has_shared && !glmrt_matrix_takes_rounded_rows(&layer->shared_gate_up)) {
+        return 0;
+    }
+    return layer->experts_gate_up.qgemm != nullptr && layer->experts_down.qgemm != nullptr &&
+           glmrt_cuda_operand_gather_supported(&st->matmuls->rows, &st->matmuls->expert_in);
+}
+
+int glmrt_cuda_forward_can_own_rows(const glmrt_cuda_state *st)
+{
+    if (st->ws.partial == nullptr || st->matmuls == nullptr || st->peer.num_ranks < 2 ||
+        !glmrt_operand_rows_gatherable(&st->matmuls->rows)) {
+        return 0;
+    }
+    for (int32_t i = 0; i < st->dims.num_layers; ++i) {
+        if (!glmrt_layer_rounds_every_input(st, &st->model.layers[i])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int glmrt_step_can_own_rows(const glmrt_cuda_state *st, int32_t num_rows)
+{
+    const glmrt_cuda_dims *d = &st->dims;
+    if (!st->rows_owned_capable || num_rows < GLMRT_OWN_ROWS_MIN_TOKENS) {
+        return 0;
+    }
+    const int64_t operand_words = glmrt_operand_row_words(&st->matmuls->rows) + 1 + 2 * (int64_t)d->top_k;
+    return glmrt_cuda_peer_scatter_rows_fits(&st->peer, num_rows, d->hidden) &&
+           glmrt_cuda_peer_gather_rows_fits(&st->peer, num_rows, operand_words) &&
+           glmrt_cuda_peer_gather_rows_fits(&st->peer, num_rows, d->hidden);
+}
+
 static glmrt_status glmrt_step_reduce(const glmrt_step_context *step, int32_t rows)
 {
     glmrt_cuda_state *st = step->state;
     GLMRT_TRY(glmrt_step_check_peers(step));
+    if (step->rows_owned) {
+        return glmrt_cuda_peer_reduce_bf16_scatter_rows(&st->peer, st->ws.partial, st->ws.hidden, rows, st->dims.hidden,
+                                                        step->stream, step->error);
+    }
     return glmrt_cuda_reduce_hidden(st->comm, &st->peer, &st->ordered, st->ws.partial, st->ws.hidden,
                                     (int64_t)rows * st->dims.hidden, step->stream, step->error);
 }
@@ -127,6 +210,49 @@ static glmrt_status glmrt_step_norm_rows(const glmrt_step_context *step, const f
     return glmrt_step_norm(step, &target);
 }
 
+static glmrt_status glmrt_step_norm_own_rows(const glmrt_step_context *step, const float *weight)
+{
+    glmrt_cuda_state *st = step->state;
+    const int64_t hidden = st->dims.hidden;
+    const glmrt_step_rows rows = glmrt_step_own_rows(st, step->counts->num_tokens);
+    glmrt_cuda_qgemm_operand own = *glmrt_step_operand(step, &glmrt_cuda_matmuls::rows);
+    own.data += (int64_t)rows.begin * own.cols * glmrt_operand_bytes(own.kind);
+    own.scales = own.scales != nullptr ? own.scales + rows.begin : nullptr;
+    own.capacity_rows -= rows.begin;
+    glmrt_cuda_rmsnorm_args norm;
+    norm.x = st->ws.hidden + rows.begin * hidden;
+    norm.x_stride = hidden;
+    norm.x_rows = nullptr;
+    norm.num_rows = rows.end - rows.begin;
+    norm.weight = weight;
+    norm.n = st->dims.hidden;
+    norm.eps = st->rms_eps;
+    norm.y = st->ws.normed + rows.begin * hidden;
+    norm.y_stride = hidden;
+    norm.quantized = &own;
+    return glmrt_cuda_rmsnorm_run(&norm, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_gather_operand_rows(const glmrt_step_context *step)
+{
+    glmrt_cuda_state *st = step->state;
+    GLMRT_TRY(glmrt_step_check_peers(step));
+    glmrt_cuda_peer_row_gather gather;
+    glmrt_cuda_peer_row_gather_clear(&gather, step->counts->num_tokens);
+    glmrt_step_add_operand_rows(&gather, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows));
+    return glmrt_cuda_peer_gather_rows(&st->peer, &gather, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_norm_input(const glmrt_step_context *step, const float *weight,
+                                          const glmrt_cuda_matrix *consumer, int gather_now)
+{
+    if (!step->rows_owned) {
+        return glmrt_step_norm_rows(step, weight, consumer);
+    }
+    GLMRT_TRY(glmrt_step_norm_own_rows(step, weight));
+    return gather_now ? glmrt_step_gather_operand_rows(step) : GLMRT_OK;
+}
+
 static glmrt_status glmrt_step_dense_rounded(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
                                              glmrt_operand_slot rounded, const float *x, int64_t x_stride, float *y,
                                              int64_t y_stride, int32_t num_rows, const float *bias, int32_t accumulate)
@@ -183,7 +309,7 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     glmrt_cuda_workspace *ws = &st->ws;
     const glmrt_model_config *config = &st->engine->config;
     int32_t t = step->counts->num_tokens;
-    GLMRT_TRY(glmrt_step_norm_rows(step, layer->input_norm, &layer->qkv));
+    GLMRT_TRY(glmrt_step_norm_input(step, layer->input_norm, &layer->qkv, 1));
     GLMRT_TRY(glmrt_step_dense_normed(step, &layer->qkv, ws->qkv, d->qkv_width, layer->qkv_bias));
     glmrt_cuda_rope_args rope;
     rope.qkv = ws->qkv;
@@ -275,8 +401,8 @@ static glmrt_status glmrt_layer_experts_rounded(glmrt_step_context *step, const 
     glmrt_cuda_matmuls *m = st->matmuls;
     int32_t assignments = step->counts->num_tokens * d->top_k;
     const glmrt_cuda_qgemm_operand *rows = glmrt_step_operand(step, &glmrt_cuda_matmuls::rows);
-    const int rows_rounded = layer->has_shared && layer->shared_gate_up.qgemm != nullptr &&
-                             glmrt_cuda_operand_gather_supported(rows, &m->expert_in);
+    const int rows_rounded = step->rows_owned || (layer->has_shared && layer->shared_gate_up.qgemm != nullptr &&
+                                                  glmrt_cuda_operand_gather_supported(rows, &m->expert_in));
     const int32_t *num_sorted = ws->moe_counters + 1;
     if (rows_rounded) {
         glmrt_cuda_operand_gather_args gather;
@@ -407,8 +533,8 @@ static glmrt_status glmrt_layer_router_logits(const glmrt_step_context *step, co
 static int glmrt_layer_routes_own_rows(const glmrt_step_context *step)
 {
     const glmrt_cuda_state *st = step->state;
-    return step->counts->num_tokens >= GLMRT_ROUTE_OWN_ROWS_MIN_TOKENS &&
-           glmrt_cuda_peer_gather_rows_fits(&st->peer, step->counts->num_tokens, 2 * st->dims.top_k);
+    return step->rows_owned || (step->counts->num_tokens >= GLMRT_OWN_ROWS_MIN_TOKENS &&
+                                glmrt_cuda_peer_gather_rows_fits(&st->peer, step->counts->num_tokens, 2 * st->dims.top_k));
 }
 
 static glmrt_status glmrt_layer_route_own_rows(glmrt_step_context *step, const glmrt_cuda_layer *layer,
@@ -417,21 +543,21 @@ static glmrt_status glmrt_layer_route_own_rows(glmrt_step_context *step, const g
     glmrt_cuda_state *st = step->state;
     const int32_t t = step->counts->num_tokens;
     const int32_t k = st->dims.top_k;
-    const int32_t begin = glmrt_peer_row_begin(t, st->peer.rank, st->peer.num_ranks);
-    const int32_t end = glmrt_peer_row_begin(t, st->peer.rank + 1, st->peer.num_ranks);
-    GLMRT_TRY(glmrt_layer_router_logits(step, layer, begin, end - begin));
-    route->logits += (int64_t)begin * st->dims.num_experts;
-    route->topk_ids += (int64_t)begin * k;
-    route->topk_weights += (int64_t)begin * k;
-    route->num_tokens = end - begin;
+    const glmrt_step_rows own = glmrt_step_own_rows(st, t);
+    GLMRT_TRY(glmrt_layer_router_logits(step, layer, own.begin, own.end - own.begin));
+    route->logits += (int64_t)own.begin * st->dims.num_experts;
+    route->topk_ids += (int64_t)own.begin * k;
+    route->topk_weights += (int64_t)own.begin * k;
+    route->num_tokens = own.end - own.begin;
     GLMRT_TRY(glmrt_cuda_moe_route(route, step->stream, step->error));
     GLMRT_TRY(glmrt_step_check_peers(step));
     glmrt_cuda_peer_row_gather rows;
-    rows.first = reinterpret_cast<uint32_t *>(st->ws.topk_ids);
-    rows.first_words = k;
-    rows.second = reinterpret_cast<uint32_t *>(st->ws.topk_weights);
-    rows.second_words = k;
-    rows.num_rows = t;
+    glmrt_cuda_peer_row_gather_clear(&rows, t);
+    if (step->rows_owned) {
+        glmrt_step_add_operand_rows(&rows, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows));
+    }
+    glmrt_cuda_peer_row_gather_add(&rows, st->ws.topk_ids, k);
+    glmrt_cuda_peer_row_gather_add(&rows, st->ws.topk_weights, k);
     GLMRT_TRY(glmrt_cuda_peer_gather_rows(&st->peer, &rows, step->stream, step->error));
     return glmrt_cuda_moe_dispatch(dispatch, step->stream, step->error);
 }
@@ -483,10 +609,13 @@ static glmrt_status glmrt_layer_moe(glmrt_step_context *step, const glmrt_cuda_l
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t tile_rows = glmrt_expert_tile_rows(d, t, glmrt_layer_experts_native(layer));
-    if (layer->has_shared) {
+    if (layer->has_shared && !step->rows_owned) {
         GLMRT_CUDA_TRY(step->error, cudaEventRecord(st->shared_fork, step->stream));
     }
     GLMRT_TRY(glmrt_layer_route(step, layer, tile_rows));
+    if (layer->has_shared && step->rows_owned) {
+        GLMRT_CUDA_TRY(step->error, cudaEventRecord(st->shared_fork, step->stream));
+    }
     if (layer->has_shared) {
         GLMRT_TRY(glmrt_layer_shared_expert_beside(step, layer));
     }
@@ -515,7 +644,7 @@ static glmrt_status glmrt_layer_run(glmrt_step_context *step, int32_t index)
     GLMRT_TRY(glmrt_layer_attention(step, index));
     const glmrt_cuda_matrix *gate_up = layer->is_moe ? (layer->has_shared ? &layer->shared_gate_up : nullptr)
                                                      : &layer->dense_gate_up;
-    GLMRT_TRY(glmrt_step_norm_rows(step, layer->post_attention_norm, gate_up));
+    GLMRT_TRY(glmrt_step_norm_input(step, layer->post_attention_norm, gate_up, !layer->is_moe));
     if (layer->is_moe) {
         return glmrt_layer_moe(step, layer);
     }
@@ -576,6 +705,16 @@ static int32_t glmrt_step_samples(const glmrt_step_context *step)
     return step->state->dims.samples ? step->counts->num_samples : 0;
 }
 
+static glmrt_status glmrt_step_gather_residual_rows(const glmrt_step_context *step)
+{
+    glmrt_cuda_state *st = step->state;
+    GLMRT_TRY(glmrt_step_check_peers(step));
+    glmrt_cuda_peer_row_gather gather;
+    glmrt_cuda_peer_row_gather_clear(&gather, step->counts->num_tokens);
+    glmrt_cuda_peer_row_gather_add(&gather, st->ws.hidden, st->dims.hidden);
+    return glmrt_cuda_peer_gather_rows(&st->peer, &gather, step->stream, step->error);
+}
+
 static glmrt_status glmrt_step_body(glmrt_step_context *step)
 {
     glmrt_cuda_state *st = step->state;
@@ -586,6 +725,9 @@ static glmrt_status glmrt_step_body(glmrt_step_context *step)
     }
     if (step->counts->num_samples <= 0) {
         return GLMRT_OK;
+    }
+    if (step->rows_owned) {
+        GLMRT_TRY(glmrt_step_gather_residual_rows(step));
     }
     if (st->dims.has_head) {
         GLMRT_TRY(glmrt_step_logits(step));
@@ -600,6 +742,7 @@ static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_
     step->counts = counts;
     step->error = st->error;
     step->stream = st->stream;
+    step->rows_owned = glmrt_step_can_own_rows(st, counts->num_tokens);
     glmrt_cuda_dependent_launches_set(st->engine->options.dependent_launches == GLMRT_DEPENDENT_LAUNCHES_DEFAULT);
     glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step->view);
 }
