@@ -19,7 +19,8 @@ SPLIT_NATIVE_RELATIVE_L2 = 0.5
 BF16_SUM_RELATIVE_L2 = 0.05
 SPLITS = (2, 4)
 ROWS_ROUTED_BY_THEIR_OWNER = 256
-ROWS_OWNED_BATCH = 260
+ROWS_OWNED_BATCH = 262
+ROWS_OWNED_SOLO = (0, 100, 140, 210, 261)
 OWNED_ROWS_KERNEL = "glmrt_peer_bf16_scatter_rows_kernel"
 ROW_GATHER_KERNEL = "glmrt_peer_gather_rows_kernel"
 
@@ -203,29 +204,44 @@ def with_kernel_names(run):
     return result, {event.name.split("(")[0] for event in profiler.events()}
 
 
-def rows_by_request(engine, prompts, steps):
-    requests = [engine.create_request(prompt, greedy(steps)) for prompt in prompts]
-    rows = [[] for _ in prompts]
-    finished = [0] * len(prompts)
-    while not all(finished):
-        tokens, finished, logits = engine.step_with_logits(requests)
-        for index, token in enumerate(tokens):
-            if token >= 0:
-                rows[index].append((token, logits[index].tobytes()))
+def start_requests(engine, prompts, steps):
+    return [engine.create_request(prompt, greedy(steps)) for prompt in prompts], [[] for _ in prompts]
+
+
+def step_requests(engine, requests, rows):
+    tokens, finished, logits = engine.step_with_logits(requests)
+    for index, token in enumerate(tokens):
+        if token >= 0:
+            rows[index].append((token, logits[index].tobytes()))
+    return all(finished)
+
+
+def finish_requests(engine, requests, rows):
+    while not step_requests(engine, requests, rows):
+        pass
     for request in requests:
         engine.free_request(request)
     return rows
 
 
+def rows_by_request(engine, prompts, steps):
+    requests, rows = start_requests(engine, prompts, steps)
+    return finish_requests(engine, requests, rows)
+
+
+@pytest.mark.parametrize("weight_format", ("fp8-block", "bf16"))
 @pytest.mark.parametrize("num_devices", splits_available())
-def test_rows_owned_by_each_gpu_keep_a_wide_batch_equal_to_solo_requests_bit_for_bit(num_devices):
-    with Engine(wide_model("fp8-block"), backend="cuda", num_devices=num_devices, all_reduce="peer-bf16",
+def test_rows_owned_by_each_gpu_keep_a_wide_batch_equal_to_solo_requests_bit_for_bit(num_devices, weight_format):
+    with Engine(wide_model(weight_format), backend="cuda", num_devices=num_devices, all_reduce="peer-bf16",
                 max_batch=ROWS_OWNED_BATCH, max_tokens_per_step=2048, kv_page_size=16, kv_num_pages=1024) as engine:
         prompts = [prompt_of_length(2 + index % 7, engine.vocab_size, 500 + index) for index in range(ROWS_OWNED_BATCH)]
-        batched, batched_kernels = with_kernel_names(lambda: rows_by_request(engine, prompts, 4))
+        requests, batched = start_requests(engine, prompts, 4)
+        _, prefill_kernels = with_kernel_names(lambda: step_requests(engine, requests, batched))
+        _, decode_kernels = with_kernel_names(lambda: finish_requests(engine, requests, batched))
         assert all(len(rows) == 4 for rows in batched)
-        assert OWNED_ROWS_KERNEL in batched_kernels and ROW_GATHER_KERNEL in batched_kernels
-        for index in (0, 131, ROWS_OWNED_BATCH - 1):
+        for kernels in (prefill_kernels, decode_kernels):
+            assert OWNED_ROWS_KERNEL in kernels and ROW_GATHER_KERNEL in kernels
+        for index in ROWS_OWNED_SOLO:
             solo, solo_kernels = with_kernel_names(lambda: rows_by_request(engine, [prompts[index]], 4))
             assert OWNED_ROWS_KERNEL not in solo_kernels
             assert solo[0] == batched[index], f"request {index}"

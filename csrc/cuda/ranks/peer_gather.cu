@@ -144,7 +144,8 @@ static int glmrt_peer_gather_well_formed(const glmrt_cuda_peer_row_gather *rows,
         return 0;
     }
     for (int32_t k = 0; k < rows->num_arrays; ++k) {
-        if (rows->arrays[k] == nullptr || rows->words[k] < 1) {
+        if (rows->arrays[k] == nullptr || rows->words[k] < 1 ||
+            (rows->words[k] % 4 == 0 && (uintptr_t)rows->arrays[k] % sizeof(uint4) != 0)) {
             return 0;
         }
         *out_row_words += rows->words[k];
@@ -158,8 +159,8 @@ glmrt_status glmrt_cuda_peer_gather_rows(const glmrt_cuda_peer_reduce *peer, con
     int64_t words = 0;
     if (!glmrt_peer_gather_well_formed(rows, &words) || !glmrt_cuda_peer_gather_rows_fits(peer, rows->num_rows, words)) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
-                               "the peer row gather holds %lld words a GPU, asked for %d rows of %lld words in %d arrays "
-                               "over %d GPUs",
+                               "the peer row gather holds %lld words a GPU and moves rows of four words from 16-byte aligned "
+                               "arrays, asked for %d rows of %lld words in %d arrays over %d GPUs",
                                (long long)(peer == nullptr ? 0 : peer->capacity), rows->num_rows, (long long)words,
                                rows->num_arrays, peer == nullptr ? 0 : peer->num_ranks);
     }
@@ -168,7 +169,7 @@ glmrt_status glmrt_cuda_peer_gather_rows(const glmrt_cuda_peer_reduce *peer, con
     glmrt_peer_link_args(peer, &args.link);
     args.rows = *rows;
     for (int32_t k = 0; k < rows->num_arrays; ++k) {
-        args.wide[k] = rows->words[k] % 4 == 0 && (uintptr_t)rows->arrays[k] % sizeof(uint4) == 0;
+        args.wide[k] = rows->words[k] % 4 == 0;
     }
     glmrt_peer_gather_rows_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args);
     return glmrt_peer_launched("the peer row gather", (int64_t)rows->num_rows * words, error);
