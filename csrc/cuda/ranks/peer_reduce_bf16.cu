@@ -106,34 +106,24 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_one
     }
 }
 
-__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two_shot_kernel(glmrt_peer_reduce_args a)
+typedef struct glmrt_peer_pair_slices {
+    int64_t units;
+    int64_t unit_pairs;
+} glmrt_peer_pair_slices;
+
+static __device__ __forceinline__ glmrt_peer_span glmrt_peer_pair_slice(const glmrt_peer_pair_slices &slices,
+                                                                        int32_t slice, int32_t num_ranks)
 {
-    const unsigned long long epoch = glmrt_peer_next_epoch(a);
-    const int64_t half = (int64_t)(epoch & 1ull);
-    const int64_t pairs = (a.count4 + 1) / 2;
+    return glmrt_peer_block_part(slices.units * slice / num_ranks * slices.unit_pairs,
+                                 slices.units * (slice + 1) / num_ranks * slices.unit_pairs);
+}
+
+static __device__ __forceinline__ void glmrt_peer_bf16_take_slices(const glmrt_peer_reduce_args &a,
+                                                                   const glmrt_peer_pair_slices &slices, int64_t half)
+{
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
-        const glmrt_peer_span part = glmrt_peer_slice_of(pairs, s, a.num_ranks);
-        uint4 *inbox = glmrt_peer_inbox<uint4>(a, s, half, a.rank);
-        for (int64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
-            inbox[j] = glmrt_peer_bf16_own_pair(a, j);
-        }
-    }
-    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
-        return;
-    }
-    const glmrt_peer_span mine = glmrt_peer_slice_of(pairs, a.rank, a.num_ranks);
-    for (int64_t j = mine.begin + threadIdx.x; j < mine.end; j += blockDim.x) {
-        const uint4 rounded = glmrt_peer_bf16_rounded_pair_sum(a, half, j, glmrt_peer_bf16_own_pair(a, j));
-        glmrt_peer_bf16_add_pair_to_residual(a, j, rounded);
-        glmrt_peer_send_to_others(a, half, j, rounded);
-    }
-    if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SUM, epoch)) {
-        return;
-    }
-    for (int32_t step = 1; step < a.num_ranks; ++step) {
-        const int32_t s = glmrt_peer_rotated(a, step);
-        const glmrt_peer_span part = glmrt_peer_slice_of(pairs, s, a.num_ranks);
+        const glmrt_peer_span part = glmrt_peer_pair_slice(slices, s, a.num_ranks);
         const uint4 *inbox = glmrt_peer_own_inbox<uint4>(a, half, s);
         for (int64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
             glmrt_peer_bf16_add_pair_to_residual(a, j, __ldcg(inbox + j));
@@ -141,26 +131,15 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two
     }
 }
 
-typedef struct glmrt_peer_scatter_rows {
-    int32_t num_rows;
-    int64_t row_pairs;
-} glmrt_peer_scatter_rows;
-
-static __device__ __forceinline__ glmrt_peer_span glmrt_peer_row_pairs_of(const glmrt_peer_scatter_rows &rows,
-                                                                          int32_t slice, int32_t num_ranks)
-{
-    return glmrt_peer_block_part(glmrt_peer_row_begin(rows.num_rows, slice, num_ranks) * rows.row_pairs,
-                                 glmrt_peer_row_begin(rows.num_rows, slice + 1, num_ranks) * rows.row_pairs);
-}
-
-__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS)
-    glmrt_peer_bf16_scatter_rows_kernel(glmrt_peer_reduce_args a, glmrt_peer_scatter_rows rows)
+template <bool ALL_GATHER>
+static __device__ __forceinline__ void glmrt_peer_bf16_by_slices(const glmrt_peer_reduce_args &a,
+                                                                 const glmrt_peer_pair_slices &slices)
 {
     const unsigned long long epoch = glmrt_peer_next_epoch(a);
     const int64_t half = (int64_t)(epoch & 1ull);
     for (int32_t step = 1; step < a.num_ranks; ++step) {
         const int32_t s = glmrt_peer_rotated(a, step);
-        const glmrt_peer_span part = glmrt_peer_row_pairs_of(rows, s, a.num_ranks);
+        const glmrt_peer_span part = glmrt_peer_pair_slice(slices, s, a.num_ranks);
         uint4 *inbox = glmrt_peer_inbox<uint4>(a, s, half, a.rank);
         for (int64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
             inbox[j] = glmrt_peer_bf16_own_pair(a, j);
@@ -169,11 +148,33 @@ __global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS)
     if (glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SEND, epoch)) {
         return;
     }
-    const glmrt_peer_span mine = glmrt_peer_row_pairs_of(rows, a.rank, a.num_ranks);
+    const glmrt_peer_span mine = glmrt_peer_pair_slice(slices, a.rank, a.num_ranks);
     for (int64_t j = mine.begin + threadIdx.x; j < mine.end; j += blockDim.x) {
-        glmrt_peer_bf16_add_pair_to_residual(a, j, glmrt_peer_bf16_rounded_pair_sum(a, half, j,
-                                                                                    glmrt_peer_bf16_own_pair(a, j)));
+        const uint4 rounded = glmrt_peer_bf16_rounded_pair_sum(a, half, j, glmrt_peer_bf16_own_pair(a, j));
+        glmrt_peer_bf16_add_pair_to_residual(a, j, rounded);
+        if constexpr (ALL_GATHER) {
+            glmrt_peer_send_to_others(a, half, j, rounded);
+        }
     }
+    if constexpr (ALL_GATHER) {
+        if (!glmrt_peer_barrier(a, GLMRT_PEER_AFTER_SUM, epoch)) {
+            glmrt_peer_bf16_take_slices(a, slices, half);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS) glmrt_peer_bf16_two_shot_kernel(glmrt_peer_reduce_args a)
+{
+    glmrt_peer_pair_slices pairs;
+    pairs.units = (a.count4 + 1) / 2;
+    pairs.unit_pairs = 1;
+    glmrt_peer_bf16_by_slices<true>(a, pairs);
+}
+
+__global__ void __launch_bounds__(GLMRT_PEER_REDUCE_THREADS)
+    glmrt_peer_bf16_scatter_rows_kernel(glmrt_peer_reduce_args a, glmrt_peer_pair_slices rows)
+{
+    glmrt_peer_bf16_by_slices<false>(a, rows);
 }
 
 int glmrt_cuda_peer_scatter_rows_fits(const glmrt_cuda_peer_reduce *peer, int32_t num_rows, int32_t row_floats)
@@ -196,9 +197,9 @@ glmrt_status glmrt_cuda_peer_reduce_bf16_scatter_rows(const glmrt_cuda_peer_redu
     glmrt_peer_reduce_args args;
     GLMRT_TRY(glmrt_peer_reduce_args_for(peer, const_cast<float *>(partial), count, &args, error));
     args.residual = reinterpret_cast<float4 *>(residual);
-    glmrt_peer_scatter_rows rows;
-    rows.num_rows = num_rows;
-    rows.row_pairs = row_floats / 8;
+    glmrt_peer_pair_slices rows;
+    rows.units = num_rows;
+    rows.unit_pairs = row_floats / 8;
     glmrt_peer_bf16_scatter_rows_kernel<<<peer->blocks, GLMRT_PEER_REDUCE_THREADS, 0, stream>>>(args, rows);
     return glmrt_peer_launched("the BF16 peer reduce by rows", count, error);
 }

@@ -95,14 +95,11 @@ static __device__ __forceinline__ glmrt_peer_span glmrt_peer_block_part(int64_t 
     return part;
 }
 
-static __device__ __forceinline__ glmrt_peer_span glmrt_peer_slice_of(int64_t count, int32_t slice, int32_t num_ranks)
-{
-    return glmrt_peer_block_part(count * slice / num_ranks, count * (slice + 1) / num_ranks);
-}
-
 static __device__ __forceinline__ glmrt_peer_span glmrt_peer_slice_part(const glmrt_peer_reduce_args &a, int32_t slice)
 {
-    return glmrt_peer_slice_of(a.count4, slice, a.num_ranks);
+    const int64_t begin = a.count4 * slice / a.num_ranks;
+    const int64_t end = a.count4 * (slice + 1) / a.num_ranks;
+    return glmrt_peer_block_part(begin, end);
 }
 
 static __device__ __forceinline__ void glmrt_float4_add(float4 &sum, const float4 &v)

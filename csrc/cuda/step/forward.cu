@@ -24,6 +24,7 @@ typedef struct glmrt_step_context {
     glmrt_error *error;
     cudaStream_t stream;
     int32_t rows_owned;
+    int32_t routes_own_rows;
 } glmrt_step_context;
 
 typedef struct glmrt_step_rows {
@@ -63,8 +64,7 @@ static int32_t glmrt_operand_row_words(const glmrt_cuda_qgemm_operand *x)
 
 static int glmrt_operand_rows_gatherable(const glmrt_cuda_qgemm_operand *x)
 {
-    return ((int64_t)x->cols * glmrt_operand_bytes(x->kind)) % 16 == 0 && ((uintptr_t)x->data & 15u) == 0 &&
-           (x->kind != GLMRT_OPERAND_FP8 || x->scales != nullptr);
+    return glmrt_cuda_operand_gather_supported(x, x) && (x->kind != GLMRT_OPERAND_FP8 || x->scales != nullptr);
 }
 
 static void glmrt_step_add_operand_rows(glmrt_cuda_peer_row_gather *gather, const glmrt_cuda_qgemm_operand *x)
@@ -172,65 +172,56 @@ static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, cons
 typedef struct glmrt_step_norm_target {
     const float *weight;
     const int32_t *x_rows;
+    int32_t first_row;
     int32_t num_rows;
     float *y;
-    const glmrt_cuda_matrix *consumer;
+    int32_t rounds;
     glmrt_operand_slot operand;
 } glmrt_step_norm_target;
+
+static glmrt_cuda_qgemm_operand glmrt_operand_from_row(const glmrt_cuda_qgemm_operand *x, int32_t first_row)
+{
+    glmrt_cuda_qgemm_operand from_row = *x;
+    from_row.data += (int64_t)first_row * x->cols * glmrt_operand_bytes(x->kind);
+    from_row.scales = x->scales != nullptr ? x->scales + first_row : nullptr;
+    from_row.capacity_rows -= first_row;
+    return from_row;
+}
 
 static glmrt_status glmrt_step_norm(const glmrt_step_context *step, const glmrt_step_norm_target *target)
 {
     glmrt_cuda_state *st = step->state;
+    const int64_t first = (int64_t)target->first_row * st->dims.hidden;
+    glmrt_cuda_qgemm_operand rounded;
+    if (target->rounds) {
+        rounded = glmrt_operand_from_row(glmrt_step_operand(step, target->operand), target->first_row);
+    }
     glmrt_cuda_rmsnorm_args norm;
-    norm.x = st->ws.hidden;
+    norm.x = st->ws.hidden + first;
     norm.x_stride = st->dims.hidden;
     norm.x_rows = target->x_rows;
     norm.num_rows = target->num_rows;
     norm.weight = target->weight;
     norm.n = st->dims.hidden;
     norm.eps = st->rms_eps;
-    norm.y = target->y;
+    norm.y = target->y + first;
     norm.y_stride = st->dims.hidden;
-    norm.quantized = target->consumer != nullptr && target->consumer->qgemm != nullptr
-                         ? glmrt_step_operand(step, target->operand)
-                         : nullptr;
+    norm.quantized = target->rounds ? &rounded : nullptr;
     return glmrt_cuda_rmsnorm_run(&norm, step->stream, step->error);
 }
 
-static glmrt_status glmrt_step_norm_rows(const glmrt_step_context *step, const float *weight,
-                                         const glmrt_cuda_matrix *consumer)
+static glmrt_status glmrt_step_norm_rows(const glmrt_step_context *step, const float *weight, glmrt_step_rows rows,
+                                         int rounds)
 {
     glmrt_step_norm_target target;
     target.weight = weight;
     target.x_rows = nullptr;
-    target.num_rows = step->counts->num_tokens;
+    target.first_row = rows.begin;
+    target.num_rows = rows.end - rows.begin;
     target.y = step->state->ws.normed;
-    target.consumer = consumer;
+    target.rounds = rounds;
     target.operand = &glmrt_cuda_matmuls::rows;
     return glmrt_step_norm(step, &target);
-}
-
-static glmrt_status glmrt_step_norm_own_rows(const glmrt_step_context *step, const float *weight)
-{
-    glmrt_cuda_state *st = step->state;
-    const int64_t hidden = st->dims.hidden;
-    const glmrt_step_rows rows = glmrt_step_own_rows(st, step->counts->num_tokens);
-    glmrt_cuda_qgemm_operand own = *glmrt_step_operand(step, &glmrt_cuda_matmuls::rows);
-    own.data += (int64_t)rows.begin * own.cols * glmrt_operand_bytes(own.kind);
-    own.scales = own.scales != nullptr ? own.scales + rows.begin : nullptr;
-    own.capacity_rows -= rows.begin;
-    glmrt_cuda_rmsnorm_args norm;
-    norm.x = st->ws.hidden + rows.begin * hidden;
-    norm.x_stride = hidden;
-    norm.x_rows = nullptr;
-    norm.num_rows = rows.end - rows.begin;
-    norm.weight = weight;
-    norm.n = st->dims.hidden;
-    norm.eps = st->rms_eps;
-    norm.y = st->ws.normed + rows.begin * hidden;
-    norm.y_stride = hidden;
-    norm.quantized = &own;
-    return glmrt_cuda_rmsnorm_run(&norm, step->stream, step->error);
 }
 
 static glmrt_status glmrt_step_gather_operand_rows(const glmrt_step_context *step)
@@ -247,9 +238,12 @@ static glmrt_status glmrt_step_norm_input(const glmrt_step_context *step, const 
                                           const glmrt_cuda_matrix *consumer, int gather_now)
 {
     if (!step->rows_owned) {
-        return glmrt_step_norm_rows(step, weight, consumer);
+        glmrt_step_rows all;
+        all.begin = 0;
+        all.end = step->counts->num_tokens;
+        return glmrt_step_norm_rows(step, weight, all, consumer != nullptr && consumer->qgemm != nullptr);
     }
-    GLMRT_TRY(glmrt_step_norm_own_rows(step, weight));
+    GLMRT_TRY(glmrt_step_norm_rows(step, weight, glmrt_step_own_rows(step->state, step->counts->num_tokens), 1));
     return gather_now ? glmrt_step_gather_operand_rows(step) : GLMRT_OK;
 }
 
@@ -530,13 +524,6 @@ static glmrt_status glmrt_layer_router_logits(const glmrt_step_context *step, co
                                  step->stream, step->error);
 }
 
-static int glmrt_layer_routes_own_rows(const glmrt_step_context *step)
-{
-    const glmrt_cuda_state *st = step->state;
-    return step->rows_owned || (step->counts->num_tokens >= GLMRT_OWN_ROWS_MIN_TOKENS &&
-                                glmrt_cuda_peer_gather_rows_fits(&st->peer, step->counts->num_tokens, 2 * st->dims.top_k));
-}
-
 static glmrt_status glmrt_layer_route_own_rows(glmrt_step_context *step, const glmrt_cuda_layer *layer,
                                                glmrt_cuda_route_args *route, const glmrt_cuda_dispatch_args *dispatch)
 {
@@ -572,7 +559,7 @@ static glmrt_status glmrt_layer_route(glmrt_step_context *step, const glmrt_cuda
     glmrt_cuda_dispatch_args dispatch;
     glmrt_layer_route_args(step, layer, &route);
     glmrt_layer_dispatch_args(step, tile_rows, &dispatch);
-    if (glmrt_layer_routes_own_rows(step)) {
+    if (step->routes_own_rows) {
         return glmrt_layer_route_own_rows(step, layer, &route, &dispatch);
     }
     if (glmrt_cuda_router_resident_fits(&layer->router, t)) {
@@ -662,9 +649,10 @@ static glmrt_status glmrt_step_logits(const glmrt_step_context *step)
     glmrt_step_norm_target target;
     target.weight = st->model.final_norm;
     target.x_rows = step->view.sample_rows;
+    target.first_row = 0;
     target.num_rows = samples;
     target.y = ws->sample_hidden;
-    target.consumer = &st->model.lm_head;
+    target.rounds = st->model.lm_head.qgemm != nullptr;
     target.operand = &glmrt_cuda_matmuls::head;
     GLMRT_TRY(glmrt_step_norm(step, &target));
     float *slice = ws->logits + (d->samples ? st->rank.vocab_rows.begin : 0);
@@ -743,6 +731,9 @@ static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_
     step->error = st->error;
     step->stream = st->stream;
     step->rows_owned = glmrt_step_can_own_rows(st, counts->num_tokens);
+    step->routes_own_rows = step->rows_owned || (counts->num_tokens >= GLMRT_OWN_ROWS_MIN_TOKENS &&
+                                                 glmrt_cuda_peer_gather_rows_fits(&st->peer, counts->num_tokens,
+                                                                                  2 * st->dims.top_k));
     glmrt_cuda_dependent_launches_set(st->engine->options.dependent_launches == GLMRT_DEPENDENT_LAUNCHES_DEFAULT);
     glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step->view);
 }
