@@ -277,6 +277,7 @@ def test_cuda_launch_then_complete_equals_the_synchronous_step_and_counts_device
             stats = engine.stats()
             assert stats.kv_pages_free == stats.kv_pages_total
             assert stats.device_forward_ns > 0
+            assert stats.rows_owned_steps == 0
             engine.check_invariants()
 
 

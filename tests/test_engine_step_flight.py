@@ -39,6 +39,7 @@ def test_launch_then_complete_equals_the_synchronous_step(model_dir):
             engine, requests, lambda engine, active: launch_then_complete(engine, active, work_while_in_flight))
         assert launched == expected
         assert engine.stats().device_forward_ns > 0
+        assert engine.stats().rows_owned_steps == 0
         for request in requests + [bystander]:
             engine.free_request(request)
         engine.check_invariants()

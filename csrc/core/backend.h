@@ -33,13 +33,18 @@ typedef struct glmrt_step_batch {
     const glmrt_step_sample *samples;
 } glmrt_step_batch;
 
+typedef struct glmrt_step_report {
+    int64_t device_ns;
+    int32_t rows_owned;
+} glmrt_step_report;
+
 typedef struct glmrt_backend_ops {
     const char *name;
     glmrt_status (*create)(glmrt_engine *engine, void **out_state);
     void (*destroy)(void *state);
     glmrt_status (*launch)(void *state, const glmrt_step_batch *batch, float *out_logits,
                            glmrt_token *out_sampled);
-    glmrt_status (*complete)(void *state, int64_t *out_device_ns);
+    glmrt_status (*complete)(void *state, glmrt_step_report *out_report);
     int32_t launch_is_asynchronous;
 } glmrt_backend_ops;
 

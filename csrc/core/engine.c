@@ -260,6 +260,7 @@ glmrt_status glmrt_engine_get_stats(glmrt_engine *engine, glmrt_engine_stats *ou
     out_stats->device_forward_ns = engine->device_forward_ns;
     out_stats->step_gap_ns = engine->step_gaps.total_ns;
     out_stats->step_gaps = engine->step_gaps.count;
+    out_stats->rows_owned_steps = engine->rows_owned_steps;
     return GLMRT_OK;
 }
 

@@ -58,6 +58,7 @@ struct glmrt_engine {
     int64_t prefix_cache_queries;
     int64_t prefix_cache_hits;
     int64_t device_forward_ns;
+    int64_t rows_owned_steps;
     glmrt_step_gaps step_gaps;
     glmrt_step_scratch scratch;
     glmrt_step_flight flight;

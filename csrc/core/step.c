@@ -201,9 +201,10 @@ static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt
 
 static glmrt_status finish_forward(glmrt_engine *engine, const glmrt_step_flight *flight)
 {
-    int64_t device_ns = 0;
-    glmrt_status status = engine->backend_ops->complete(engine->backend_state, &device_ns);
-    engine->device_forward_ns += device_ns;
+    glmrt_step_report report = {0, 0};
+    glmrt_status status = engine->backend_ops->complete(engine->backend_state, &report);
+    engine->device_forward_ns += report.device_ns;
+    engine->rows_owned_steps += report.rows_owned ? 1 : 0;
     if (status == GLMRT_OK) status = check_sampled_tokens(engine, &flight->batch);
     if (status != GLMRT_OK) {
         release_step_pages(engine, flight->num_seqs, flight->num_seqs);
@@ -382,8 +383,8 @@ void glmrt_step_abandon(glmrt_engine *engine)
         return;
     }
     if (flight->num_seqs > 0) {
-        int64_t device_ns = 0;
-        engine->backend_ops->complete(engine->backend_state, &device_ns);
+        glmrt_step_report report = {0, 0};
+        engine->backend_ops->complete(engine->backend_state, &report);
         release_step_pages(engine, flight->num_seqs, flight->num_seqs);
     }
     end_flight(engine);

@@ -274,10 +274,11 @@ static glmrt_status cpu_backend_launch(void *state, const glmrt_step_batch *batc
     return status;
 }
 
-static glmrt_status cpu_backend_complete(void *state, int64_t *out_device_ns)
+static glmrt_status cpu_backend_complete(void *state, glmrt_step_report *out_report)
 {
     glmrt_cpu_backend *backend = state;
-    *out_device_ns = backend->last_forward_ns;
+    out_report->device_ns = backend->last_forward_ns;
+    out_report->rows_owned = 0;
     backend->last_forward_ns = 0;
     return GLMRT_OK;
 }

@@ -50,12 +50,12 @@ static glmrt_status glmrt_cuda_launch_op(void *state, const glmrt_step_batch *ba
     return glmrt_cuda_group_launch((glmrt_cuda_group *)state, batch, out_logits, out_sampled);
 }
 
-static glmrt_status glmrt_cuda_complete_op(void *state, int64_t *out_device_ns)
+static glmrt_status glmrt_cuda_complete_op(void *state, glmrt_step_report *out_report)
 {
     if (state == nullptr) {
         return GLMRT_ERR_INVALID_ARGUMENT;
     }
-    return glmrt_cuda_group_complete((glmrt_cuda_group *)state, out_device_ns);
+    return glmrt_cuda_group_complete((glmrt_cuda_group *)state, out_report);
 }
 
 extern "C" const glmrt_backend_ops glmrt_cuda_backend_ops = {

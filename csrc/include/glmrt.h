@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 12
+#define GLMRT_ABI_VERSION 13
 #define GLMRT_MAX_EOS_TOKEN_IDS 16
 #define GLMRT_MAX_STOP_TOKEN_IDS 256
 #define GLMRT_ERROR_MESSAGE_CAPACITY 1024
@@ -177,6 +177,7 @@ typedef struct glmrt_engine_stats {
     int64_t device_forward_ns;
     int64_t step_gap_ns;
     int64_t step_gaps;
+    int64_t rows_owned_steps;
 } glmrt_engine_stats;
 
 typedef struct glmrt_engine_info {

@@ -55,6 +55,7 @@ class EngineStats:
     device_forward_ns: int
     step_gap_ns: int
     step_gaps: int
+    rows_owned_steps: int
 
     @property
     def kv_pages_in_use(self):

@@ -7,7 +7,7 @@ GLMRT_MAX_EOS_TOKEN_IDS = 16
 GLMRT_MAX_STOP_TOKEN_IDS = 256
 GLMRT_ERROR_MESSAGE_CAPACITY = 1024
 GLMRT_MAX_DEVICES = 16
-GLMRT_ABI_VERSION = 12
+GLMRT_ABI_VERSION = 13
 
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
@@ -136,6 +136,7 @@ class EngineStatsStruct(ctypes.Structure):
         ("device_forward_ns", ctypes.c_int64),
         ("step_gap_ns", ctypes.c_int64),
         ("step_gaps", ctypes.c_int64),
+        ("rows_owned_steps", ctypes.c_int64),
     ]
 
 

@@ -632,16 +632,18 @@ glmrt_status glmrt_cuda_group_launch(glmrt_cuda_group *group, const glmrt_step_b
     return GLMRT_OK;
 }
 
-glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, int64_t *out_device_ns)
+glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, glmrt_step_report *out_report)
 {
-    *out_device_ns = 0;
+    out_report->device_ns = 0;
+    out_report->rows_owned = 0;
     if (!group->launched) {
         return GLMRT_OK;
     }
     group->launched = 0;
     glmrt_cuda_state *first = group->ranks[0];
     if (group->num_ranks == 1) {
-        glmrt_status status = glmrt_cuda_forward_wait(first, out_device_ns);
+        glmrt_status status = glmrt_cuda_forward_wait(first, &out_report->device_ns);
+        out_report->rows_owned = first->last_rows_owned;
         if (status != GLMRT_OK) {
             glmrt_group_settle_stream(first);
         }
@@ -652,6 +654,7 @@ glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, int64_t *out_dev
         glmrt_group_mark_failed(group);
         return status;
     }
-    *out_device_ns = first->last_device_ns;
+    out_report->device_ns = first->last_device_ns;
+    out_report->rows_owned = first->last_rows_owned;
     return GLMRT_OK;
 }

@@ -64,6 +64,6 @@ glmrt_status glmrt_cuda_group_create(glmrt_engine *engine, glmrt_cuda_group **ou
 void glmrt_cuda_group_destroy(glmrt_cuda_group *group);
 glmrt_status glmrt_cuda_group_launch(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
                                      glmrt_token *out_sampled);
-glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, int64_t *out_device_ns);
+glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, glmrt_step_report *out_report);
 
 #endif

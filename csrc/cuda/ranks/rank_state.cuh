@@ -164,6 +164,7 @@ typedef struct glmrt_cuda_state {
     int32_t pending_samples;
     glmrt_token *pending_sampled;
     int64_t last_device_ns;
+    int32_t last_rows_owned;
     float rms_eps;
     float attention_scale;
 } glmrt_cuda_state;

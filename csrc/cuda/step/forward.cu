@@ -825,6 +825,7 @@ glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_s
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
+    st->last_rows_owned = counts->bucket > 0 ? glmrt_step_can_own_rows(st, counts->bucket) : step.rows_owned;
     GLMRT_CUDA_TRY(error, cudaEventRecord(st->step_started, st->stream));
     GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
     GLMRT_TRY(glmrt_step_launch(&step));
