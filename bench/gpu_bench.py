@@ -28,7 +28,7 @@ def parse_args(argv):
     parser.add_argument("--context", type=int, default=1024, help="prompt tokens of every request")
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--max-tokens-per-step", type=int, default=8192)
+    parser.add_argument("--max-tokens-per-step", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-devices", type=int, default=1,
                         help="GPUs the model is split over; the floor then assumes an even split of the bytes")

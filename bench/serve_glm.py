@@ -31,7 +31,7 @@ def parse_args(argv):
     start.add_argument("--backend", default="cuda")
     start.add_argument("--num-devices", type=int, default=1)
     start.add_argument("--max-batch", type=int, default=256)
-    start.add_argument("--max-tokens-per-step", type=int, default=8192)
+    start.add_argument("--max-tokens-per-step", type=int, default=2048)
     start.add_argument("--ready-timeout", type=float, default=1200.0)
     start.add_argument("--server-arg", action="append", default=[],
                        help="one more server argument (repeatable), such as --server-arg=--no-decode-graphs")

@@ -334,7 +334,7 @@ def test_server_step_budget_defaults_by_backend_and_keeps_a_given_value():
         return engine_kwargs(server_parser().parse_args(argv))["max_tokens_per_step"]
 
     assert step_tokens([]) == 256
-    assert step_tokens(["--backend", "cuda"]) == 8192
-    assert step_tokens(["--backend", "cuda", "--max-batch", "9000"]) == 9000
+    assert step_tokens(["--backend", "cuda"]) == 2048
+    assert step_tokens(["--backend", "cuda", "--max-batch", "4096"]) == 4096
     assert step_tokens(["--backend", "cpu", "--max-batch", "512"]) == 512
     assert step_tokens(["--backend", "cuda", "--max-tokens-per-step", "300"]) == 300

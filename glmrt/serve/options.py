@@ -1,7 +1,7 @@
 import argparse
 
 DEFAULT_MAX_BATCH = 32
-DEFAULT_STEP_TOKENS = {"cpu": 256, "cuda": 8192}
+DEFAULT_STEP_TOKENS = {"cpu": 256, "cuda": 2048}
 
 
 def port_number(text):
