@@ -1,6 +1,9 @@
 import pytest
 
+from argparse import Namespace
+
 from bench.gpu_bench import decode_step_bytes, fill_contexts, write_model_dir
+from bench.mixed_step_bench import chunk_sizes, measure, prompt_parts
 from bench.serve_ceiling import SERVER_COUNTERS
 from bench.serve_glm import decode_roofline, load_window_seconds, server_summary
 from bench.timeline_report import frontier_shares, last_step, read_kernels
@@ -18,6 +21,31 @@ def test_gpu_bench_prefill_counts_every_prompt_token_across_chunked_steps():
         assert seconds > 0
         assert [r.info().num_computed_tokens for r in requests] == lengths
         assert all(r.info().num_generated_tokens == 1 for r in requests)
+
+
+def test_mixed_step_bench_adds_whole_prompts_beside_the_decode_rows_and_gives_their_pages_back():
+    assert chunk_sizes("256,0,1024,256") == [0, 256, 1024]
+    assert chunk_sizes("64") == [0, 64]
+    with pytest.raises(SystemExit):
+        chunk_sizes("-1")
+    assert prompt_parts(0, 24) == []
+    assert prompt_parts(60, 24) == [24, 24, 12]
+    with open_engine(build_test_model("bf16"), max_tokens_per_step=128) as engine:
+        params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+        decode_rows = [engine.create_request([(5 * i + n) % 200 + 1 for i in range(12 + n)], params) for n in range(4)]
+        fill_contexts(engine, decode_rows)
+        args = Namespace(prompt_tokens=24, steps=2, seed=3)
+        rows = measure(args, engine, decode_rows, [0, 24, 60], engine.vocab_size)
+        assert [(row["chunk"], row["prompts"]) for row in rows] == [(0, 0), (24, 1), (60, 3)]
+        assert all(row["device_ms"] > 0 and row["wall_ms"] > 0 for row in rows)
+        assert "added_ms" not in rows[0] and all("added_ms" in row for row in rows[1:])
+        assert all(r.info().num_generated_tokens == 1 + 3 * 4 for r in decode_rows)
+        assert engine.stats().live_requests == len(decode_rows)
+        for request in decode_rows:
+            engine.free_request(request)
+        stats = engine.stats()
+        assert stats.kv_pages_free == stats.kv_pages_total
+        assert stats.live_requests == 0
 
 
 def test_serve_glm_roofline_is_the_step_bytes_over_every_gpu_against_the_device_time(tmp_path):
