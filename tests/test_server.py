@@ -402,3 +402,4 @@ async def test_metrics_count_prompt_and_generated_tokens(server, tokenizer):
     assert after["glmrt:device_forward_seconds_total"] > before.get("glmrt:device_forward_seconds_total", 0.0)
     assert after["glmrt:step_gaps_total"] - before.get("glmrt:step_gaps_total", 0.0) >= 8
     assert after["glmrt:step_gap_seconds_total"] > before.get("glmrt:step_gap_seconds_total", 0.0)
+    assert after["glmrt:rows_owned_steps_total"] == 0.0

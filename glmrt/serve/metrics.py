@@ -49,7 +49,12 @@ class ServerMetrics:
                                               "Backend time of the forward passes (CUDA: device time between "
                                               "events around each step's work; CPU: the forward's wall time).",
                                               labels, registry=self.registry).labels(model_name)
+        self.rows_owned_steps = Counter("glmrt:rows_owned_steps",
+                                        "Steps in which each GPU reduced, normalised and routed only its own rows "
+                                        "between the halves of the BF16 all-reduce.", labels,
+                                        registry=self.registry).labels(model_name)
         self.seen_device_forward_ns = 0
+        self.seen_rows_owned_steps = 0
         self.seen_step_gap_ns = 0
         self.seen_step_gaps = 0
         self.seen_prefix_queries = 0
@@ -107,6 +112,8 @@ class ServerMetrics:
         self.step_gaps.inc(max(0, stats.step_gaps - self.seen_step_gaps))
         self.seen_step_gap_ns = stats.step_gap_ns
         self.seen_step_gaps = stats.step_gaps
+        self.rows_owned_steps.inc(max(0, stats.rows_owned_steps - self.seen_rows_owned_steps))
+        self.seen_rows_owned_steps = stats.rows_owned_steps
 
     def set_queue_sizes(self, running, waiting):
         self.num_requests_running.set(running)
