@@ -109,6 +109,12 @@ int glmrt_cuda_forward_can_own_rows(const glmrt_cuda_state *st)
     return 1;
 }
 
+static int glmrt_step_can_route_own_rows(const glmrt_cuda_state *st, int32_t num_rows)
+{
+    return num_rows >= GLMRT_OWN_ROWS_MIN_TOKENS &&
+           glmrt_cuda_peer_gather_rows_fits(&st->peer, num_rows, 2 * (int64_t)st->dims.top_k);
+}
+
 static int glmrt_step_can_own_rows(const glmrt_cuda_state *st, int32_t num_rows)
 {
     const glmrt_cuda_dims *d = &st->dims;
@@ -224,14 +230,24 @@ static glmrt_status glmrt_step_norm_rows(const glmrt_step_context *step, const f
     return glmrt_step_norm(step, &target);
 }
 
-static glmrt_status glmrt_step_gather_operand_rows(const glmrt_step_context *step)
+static glmrt_cuda_peer_row_gather glmrt_step_row_gather(const glmrt_step_context *step)
 {
-    glmrt_cuda_state *st = step->state;
-    GLMRT_TRY(glmrt_step_check_peers(step));
     glmrt_cuda_peer_row_gather gather;
     glmrt_cuda_peer_row_gather_clear(&gather, step->counts->num_tokens);
+    return gather;
+}
+
+static glmrt_status glmrt_step_gather_rows(const glmrt_step_context *step, const glmrt_cuda_peer_row_gather *gather)
+{
+    GLMRT_TRY(glmrt_step_check_peers(step));
+    return glmrt_cuda_peer_gather_rows(&step->state->peer, gather, step->stream, step->error);
+}
+
+static glmrt_status glmrt_step_gather_operand_rows(const glmrt_step_context *step)
+{
+    glmrt_cuda_peer_row_gather gather = glmrt_step_row_gather(step);
     glmrt_step_add_operand_rows(&gather, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows));
-    return glmrt_cuda_peer_gather_rows(&st->peer, &gather, step->stream, step->error);
+    return glmrt_step_gather_rows(step, &gather);
 }
 
 static glmrt_status glmrt_step_norm_input(const glmrt_step_context *step, const float *weight,
@@ -537,15 +553,13 @@ static glmrt_status glmrt_layer_route_own_rows(glmrt_step_context *step, const g
     route->topk_weights += (int64_t)own.begin * k;
     route->num_tokens = own.end - own.begin;
     GLMRT_TRY(glmrt_cuda_moe_route(route, step->stream, step->error));
-    GLMRT_TRY(glmrt_step_check_peers(step));
-    glmrt_cuda_peer_row_gather rows;
-    glmrt_cuda_peer_row_gather_clear(&rows, t);
+    glmrt_cuda_peer_row_gather rows = glmrt_step_row_gather(step);
     if (step->rows_owned) {
         glmrt_step_add_operand_rows(&rows, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows));
     }
     glmrt_cuda_peer_row_gather_add(&rows, st->ws.topk_ids, k);
     glmrt_cuda_peer_row_gather_add(&rows, st->ws.topk_weights, k);
-    GLMRT_TRY(glmrt_cuda_peer_gather_rows(&st->peer, &rows, step->stream, step->error));
+    GLMRT_TRY(glmrt_step_gather_rows(step, &rows));
     return glmrt_cuda_moe_dispatch(dispatch, step->stream, step->error);
 }
 
@@ -695,12 +709,9 @@ static int32_t glmrt_step_samples(const glmrt_step_context *step)
 
 static glmrt_status glmrt_step_gather_residual_rows(const glmrt_step_context *step)
 {
-    glmrt_cuda_state *st = step->state;
-    GLMRT_TRY(glmrt_step_check_peers(step));
-    glmrt_cuda_peer_row_gather gather;
-    glmrt_cuda_peer_row_gather_clear(&gather, step->counts->num_tokens);
-    glmrt_cuda_peer_row_gather_add(&gather, st->ws.hidden, st->dims.hidden);
-    return glmrt_cuda_peer_gather_rows(&st->peer, &gather, step->stream, step->error);
+    glmrt_cuda_peer_row_gather gather = glmrt_step_row_gather(step);
+    glmrt_cuda_peer_row_gather_add(&gather, step->state->ws.hidden, step->state->dims.hidden);
+    return glmrt_step_gather_rows(step, &gather);
 }
 
 static glmrt_status glmrt_step_body(glmrt_step_context *step)
@@ -731,9 +742,7 @@ static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_
     step->error = st->error;
     step->stream = st->stream;
     step->rows_owned = glmrt_step_can_own_rows(st, counts->num_tokens);
-    step->routes_own_rows = step->rows_owned || (counts->num_tokens >= GLMRT_OWN_ROWS_MIN_TOKENS &&
-                                                 glmrt_cuda_peer_gather_rows_fits(&st->peer, counts->num_tokens,
-                                                                                  2 * st->dims.top_k));
+    step->routes_own_rows = step->rows_owned || glmrt_step_can_route_own_rows(st, counts->num_tokens);
     glmrt_cuda_dependent_launches_set(st->engine->options.dependent_launches == GLMRT_DEPENDENT_LAUNCHES_DEFAULT);
     glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step->view);
 }
