@@ -1,4 +1,5 @@
 #include "cuda_test_support.cuh"
+#include "device_math.cuh"
 #include "fp8_convert.cuh"
 
 extern "C" {
@@ -93,11 +94,42 @@ static void glmrt_check_encode(glmrt_test_report *report, glmrt_test_rng *rng)
     cudaFree(d_out);
 }
 
+__global__ void glmrt_fp8_pair_sweep_kernel(uint32_t first, unsigned long long *mismatches)
+{
+    const uint32_t bits = first + (uint32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    const float value = __uint_as_float(bits);
+    const float partner = __uint_as_float(bits ^ 0x80000000u);
+    const uint16_t pair = glmrt_fp8x2_e4m3_bits(value, partner);
+    const uint16_t expected = (uint16_t)((uint32_t)glmrt_e4m3_encode(value) | ((uint32_t)glmrt_e4m3_encode(partner) << 8));
+    if (pair != expected) {
+        atomicAdd(mismatches, 1ull);
+    }
+}
+
+static void glmrt_check_pair_encode_every_float(glmrt_test_report *report)
+{
+    const unsigned threads = 256;
+    const uint64_t per_launch = 1ull << 28;
+    unsigned long long *d_mismatches = glmrt_test_alloc<unsigned long long>(1);
+    cudaMemset(d_mismatches, 0, sizeof(unsigned long long));
+    for (uint64_t first = 0; first < (1ull << 32); first += per_launch) {
+        glmrt_fp8_pair_sweep_kernel<<<(unsigned)(per_launch / threads), threads>>>((uint32_t)first, d_mismatches);
+    }
+    cudaError_t launched = cudaDeviceSynchronize();
+    std::vector<unsigned long long> mismatches = glmrt_test_download(d_mismatches, 1);
+    const double count = launched == cudaSuccess ? (double)mismatches[0] : -1.0;
+    glmrt_test_expect(report, launched == cudaSuccess && mismatches[0] == 0,
+                      "the paired hardware E4M3 rounding equals the software encoder on every float bit pattern", count,
+                      0);
+    cudaFree(d_mismatches);
+}
+
 int main(void)
 {
     glmrt_test_report report = {0, 0};
     glmrt_test_rng rng = {12345};
     glmrt_check_decode(&report);
     glmrt_check_encode(&report, &rng);
+    glmrt_check_pair_encode_every_float(&report);
     return glmrt_test_finish("test_cuda_fp8", &report);
 }

@@ -51,10 +51,9 @@ __device__ __forceinline__ float glmrt_abs_max4(float4 v, float amax)
 
 __device__ __forceinline__ uint32_t glmrt_fp8x4_bits(float4 v, float scale)
 {
-    return (uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.x, scale)) |
-           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.y, scale)) << 8) |
-           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.z, scale)) << 16) |
-           ((uint32_t)glmrt_float_to_fp8_e4m3_bits(__fdiv_rn(v.w, scale)) << 24);
+    const uint32_t low = glmrt_fp8x2_e4m3_bits(__fdiv_rn(v.x, scale), __fdiv_rn(v.y, scale));
+    const uint32_t high = glmrt_fp8x2_e4m3_bits(__fdiv_rn(v.z, scale), __fdiv_rn(v.w, scale));
+    return low | (high << 16);
 }
 
 __device__ __forceinline__ uint2 glmrt_bf16x4_bits(float4 v)

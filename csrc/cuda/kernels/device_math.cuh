@@ -44,9 +44,26 @@ __device__ __forceinline__ float glmrt_fp8_e4m3_bits_to_float(uint8_t bits)
     return glmrt_e4m3_decode(bits);
 }
 
+__device__ __forceinline__ bool glmrt_float_is_finite(float value)
+{
+    return (__float_as_uint(value) & 0x7FFFFFFFu) < 0x7F800000u;
+}
+
+__device__ __forceinline__ uint16_t glmrt_fp8x2_e4m3_bits(float low, float high)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (glmrt_float_is_finite(low) && glmrt_float_is_finite(high)) {
+        uint16_t pair;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(high), "f"(low));
+        return pair;
+    }
+#endif
+    return (uint16_t)((uint32_t)glmrt_e4m3_encode(low) | ((uint32_t)glmrt_e4m3_encode(high) << 8));
+}
+
 __device__ __forceinline__ uint8_t glmrt_float_to_fp8_e4m3_bits(float value)
 {
-    return glmrt_e4m3_encode(value);
+    return (uint8_t)(glmrt_fp8x2_e4m3_bits(value, 0.0f) & 0xFFu);
 }
 
 __device__ __forceinline__ float2 glmrt_fp8x2_to_float2(uint16_t pair)
