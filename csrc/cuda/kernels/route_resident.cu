@@ -1,3 +1,4 @@
+#include <atomic>
 #include <string.h>
 
 #include "cuda_check.cuh"
@@ -6,6 +7,7 @@
 #include "route_resident.cuh"
 #include "router.cuh"
 #include "router_lanes.cuh"
+#include "router_mma.cuh"
 
 #define GLMRT_ROUTE_RESIDENT_WARPS 2
 #define GLMRT_ROUTE_RESIDENT_STEPS (GLMRT_ROUTE_RESIDENT_COLS / GLMRT_ROUTER_WARP_COLS)
@@ -88,6 +90,142 @@ __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
     }
 }
 
+#define GLMRT_ROUTE_RESIDENT_ROW_PAD 64
+#define GLMRT_ROUTE_RESIDENT_MAX_DEVICES 64
+
+__host__ __device__ __forceinline__ int64_t glmrt_resident_mma_pitch(int32_t cols)
+{
+    return 2 * (int64_t)cols + GLMRT_ROUTE_RESIDENT_ROW_PAD;
+}
+
+__host__ __device__ __forceinline__ int64_t glmrt_resident_mma_shared_bytes(int32_t cols)
+{
+    return GLMRT_ROUTER_MMA_EXPERTS * glmrt_resident_mma_pitch(cols) +
+           (int64_t)GLMRT_ROUTE_RESIDENT_TOKENS * cols * (int64_t)sizeof(float);
+}
+
+__device__ __forceinline__ void glmrt_resident_mma_stage_weights(uint8_t *tile, const glmrt_cuda_matrix &w,
+                                                                 int32_t first_expert)
+{
+    const int64_t row_bytes = 2 * (int64_t)w.cols;
+    const int64_t pitch = glmrt_resident_mma_pitch(w.cols);
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(tile);
+    const int32_t chunks = (int32_t)(row_bytes / 16);
+    for (int32_t i = (int32_t)threadIdx.x; i < GLMRT_ROUTER_MMA_EXPERTS * chunks; i += (int32_t)blockDim.x) {
+        const int32_t r = i / chunks;
+        const int32_t c = i % chunks;
+        const int32_t expert = min(first_expert + r, w.rows - 1);
+        const uint8_t *from = w.data + (int64_t)expert * row_bytes + (int64_t)c * 16;
+        const uint32_t to = base + (uint32_t)(r * pitch + (int64_t)c * 16);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ uint4 glmrt_resident_mma_weights(const uint8_t *tile, int64_t pitch, int row, int32_t col,
+                                                            int32_t cols)
+{
+    if (col >= cols) {
+        return make_uint4(0u, 0u, 0u, 0u);
+    }
+    return *reinterpret_cast<const uint4 *>(tile + row * pitch + 2 * (int64_t)col);
+}
+
+template <bool ROUTE>
+__global__ void __launch_bounds__(GLMRT_ROUTER_MMA_THREADS, 1)
+    glmrt_route_resident_mma_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens,
+                                    float *logits, int64_t logits_stride, glmrt_cuda_route_args route,
+                                    glmrt_cuda_dispatch_args dispatch, int32_t *arrivals)
+{
+    extern __shared__ __align__(16) uint8_t glmrt_resident_mma_tile[];
+    __shared__ float parts[GLMRT_ROUTER_MMA_PARTS][GLMRT_ROUTER_MMA_EXPERTS][GLMRT_ROUTER_MMA_TOKENS];
+    const int part = (int)(threadIdx.x >> 5);
+    const int lane = (int)(threadIdx.x & 31);
+    const int32_t cols = w.cols;
+    const int64_t pitch = glmrt_resident_mma_pitch(cols);
+    const int32_t first_expert = (int32_t)blockIdx.x * GLMRT_ROUTER_MMA_EXPERTS;
+    float *token_rows = reinterpret_cast<float *>(glmrt_resident_mma_tile + GLMRT_ROUTER_MMA_EXPERTS * pitch);
+    glmrt_resident_mma_stage_weights(glmrt_resident_mma_tile, w, first_expert);
+    glmrt_dependent_enter();
+    glmrt_router_stage_rows(token_rows, cols, x, x_stride, num_tokens, cols);
+    glmrt_router_staged_wait<0>();
+    const glmrt_router_mma_range range = glmrt_router_mma_part(cols, part);
+    const int g = lane >> 2;
+    const float *token_row = g < num_tokens ? token_rows + (int64_t)g * cols : nullptr;
+    glmrt_router_chains acc;
+    glmrt_router_chains_clear(acc);
+#pragma unroll 2
+    for (int32_t step = range.begin; step < range.end; ++step) {
+        const int32_t c = glmrt_router_mma_lane_col(step, lane);
+        glmrt_router_chains_step(acc, glmrt_resident_mma_weights(glmrt_resident_mma_tile, pitch, g, c, cols),
+                                 glmrt_resident_mma_weights(glmrt_resident_mma_tile, pitch, g + 8, c, cols),
+                                 glmrt_router_load_tokens(token_row, c, cols));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        parts[part][glmrt_router_fragment_expert(i, lane)][glmrt_router_fragment_token(i, lane)] =
+            glmrt_router_chains_value(acc, i);
+    }
+    __syncthreads();
+    for (int idx = (int)threadIdx.x; idx < GLMRT_ROUTER_MMA_EXPERTS * num_tokens; idx += GLMRT_ROUTER_MMA_THREADS) {
+        const int t = idx / GLMRT_ROUTER_MMA_EXPERTS;
+        const int e = idx % GLMRT_ROUTER_MMA_EXPERTS;
+        if (first_expert + e < w.rows) {
+            logits[(int64_t)t * logits_stride + first_expert + e] =
+                glmrt_router_parts_fold(&parts[0][e][t], GLMRT_ROUTER_MMA_EXPERTS * GLMRT_ROUTER_MMA_TOKENS);
+        }
+    }
+    if constexpr (ROUTE) {
+        if (!glmrt_resident_last_block(arrivals)) {
+            return;
+        }
+        for (int32_t token = part; token < num_tokens; token += GLMRT_ROUTER_MMA_PARTS) {
+            glmrt_route_token(route, token, lane);
+        }
+        __syncthreads();
+        glmrt_dispatch_small(dispatch);
+    }
+}
+
+typedef void (*glmrt_route_resident_fn)(glmrt_cuda_matrix, const float *, int64_t, int32_t, float *, int64_t,
+                                        glmrt_cuda_route_args, glmrt_cuda_dispatch_args, int32_t *);
+
+static glmrt_status glmrt_route_resident_mma_shared(glmrt_route_resident_fn kernel, int64_t bytes,
+                                                    glmrt_error *error)
+{
+    static std::atomic<int64_t> granted[GLMRT_ROUTE_RESIDENT_MAX_DEVICES];
+    int device = 0;
+    GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
+    const bool cached = device >= 0 && device < GLMRT_ROUTE_RESIDENT_MAX_DEVICES;
+    if (cached && granted[device].load(std::memory_order_acquire) >= bytes) {
+        return GLMRT_OK;
+    }
+    const int64_t most = glmrt_resident_mma_shared_bytes(GLMRT_ROUTE_RESIDENT_COLS);
+    GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    if (cached) {
+        granted[device].store(most, std::memory_order_release);
+    }
+    return GLMRT_OK;
+}
+
+static glmrt_status glmrt_route_resident_mma_launch(const glmrt_cuda_matrix *w, const float *x, int64_t x_stride,
+                                                    int32_t num_tokens, float *logits, int64_t logits_stride,
+                                                    const glmrt_cuda_route_args &route,
+                                                    const glmrt_cuda_dispatch_args &dispatch, int32_t *arrivals,
+                                                    cudaStream_t stream, glmrt_error *error)
+{
+    glmrt_route_resident_fn kernel = glmrt_route_resident_mma_kernel<true>;
+    const int64_t bytes = glmrt_resident_mma_shared_bytes(w->cols);
+    GLMRT_TRY(glmrt_route_resident_mma_shared(kernel, bytes, error));
+    dim3 grid((unsigned)glmrt_ceil_div(w->rows, GLMRT_ROUTER_MMA_EXPERTS));
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config =
+        glmrt_dependent_config(&dependent, grid, GLMRT_ROUTER_MMA_THREADS, (size_t)bytes, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride, route,
+                                             dispatch, arrivals));
+    return GLMRT_OK;
+}
+
 template <bool ROUTE>
 static glmrt_status glmrt_route_resident_launch(const glmrt_cuda_matrix *w, const float *x, int64_t x_stride,
                                                 int32_t num_tokens, float *logits, int64_t logits_stride,
@@ -124,6 +262,9 @@ glmrt_status glmrt_cuda_router_resident_logits(const glmrt_cuda_matrix *w, const
                                "%d columns, got %d rows",
                                GLMRT_ROUTE_RESIDENT_TOKENS, GLMRT_ROUTE_RESIDENT_COLS, num_tokens);
     }
+    if (glmrt_cuda_router_mma_supports(w)) {
+        return glmrt_cuda_router_logits(w, x, x_stride, num_tokens, logits, logits_stride, stream, error);
+    }
     glmrt_cuda_route_args route;
     glmrt_cuda_dispatch_args dispatch;
     memset(&route, 0, sizeof(route));
@@ -157,6 +298,11 @@ glmrt_status glmrt_cuda_route_resident(const glmrt_cuda_route_resident_args *arg
                                        glmrt_error *error)
 {
     GLMRT_TRY(glmrt_route_resident_check(args, error));
+    if (glmrt_cuda_router_mma_supports(args->router)) {
+        return glmrt_route_resident_mma_launch(args->router, args->x, args->x_stride, args->route->num_tokens,
+                                               args->logits, args->route->num_experts, *args->route, *args->dispatch,
+                                               args->arrivals, stream, error);
+    }
     return glmrt_route_resident_launch<true>(args->router, args->x, args->x_stride, args->route->num_tokens,
                                              args->logits, args->route->num_experts, *args->route, *args->dispatch,
                                              args->arrivals, stream, error);
