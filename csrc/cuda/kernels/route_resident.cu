@@ -37,13 +37,13 @@ __device__ __forceinline__ float glmrt_resident_dot(const float4 (&weights)[GLMR
     return glmrt_warp_sum(acc);
 }
 
-__device__ __forceinline__ bool glmrt_resident_last_block(int32_t *arrivals)
+__device__ __forceinline__ bool glmrt_resident_last_of(int32_t *arrivals, int32_t blocks)
 {
     __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        last = atomicAdd(arrivals, 1) == (int)gridDim.x - 1;
+        last = atomicAdd(arrivals, 1) == blocks - 1;
     }
     __syncthreads();
     if (!last) {
@@ -54,6 +54,11 @@ __device__ __forceinline__ bool glmrt_resident_last_block(int32_t *arrivals)
         *arrivals = 0;
     }
     return true;
+}
+
+__device__ __forceinline__ bool glmrt_resident_last_block(int32_t *arrivals)
+{
+    return glmrt_resident_last_of(arrivals, (int32_t)gridDim.x);
 }
 
 template <int FORMAT, bool ROUTE>
@@ -90,120 +95,174 @@ __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_WARPS * 32)
     }
 }
 
+#define GLMRT_ROUTE_RESIDENT_CLUSTER 4
+#define GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS (GLMRT_ROUTER_MMA_PARTS / GLMRT_ROUTE_RESIDENT_CLUSTER)
+#define GLMRT_ROUTE_RESIDENT_MMA_THREADS (GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS * 32)
 #define GLMRT_ROUTE_RESIDENT_ROW_PAD 64
 #define GLMRT_ROUTE_RESIDENT_MAX_DEVICES 64
 
-__host__ __device__ __forceinline__ int64_t glmrt_resident_mma_pitch(int32_t cols)
+typedef struct glmrt_resident_span {
+    int32_t first_col;
+    int32_t cols;
+    int64_t pitch;
+} glmrt_resident_span;
+
+__host__ __device__ __forceinline__ int32_t glmrt_resident_span_cols(int32_t cols)
 {
-    return 2 * (int64_t)cols + GLMRT_ROUTE_RESIDENT_ROW_PAD;
+    return GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS * glmrt_router_mma_part_steps(cols) * GLMRT_ROUTER_MMA_STEP_COLS;
 }
 
 __host__ __device__ __forceinline__ int64_t glmrt_resident_mma_shared_bytes(int32_t cols)
 {
-    return GLMRT_ROUTER_MMA_EXPERTS * glmrt_resident_mma_pitch(cols) +
-           (int64_t)GLMRT_ROUTE_RESIDENT_TOKENS * cols * (int64_t)sizeof(float);
+    const int64_t span = glmrt_resident_span_cols(cols);
+    return GLMRT_ROUTER_MMA_EXPERTS * (2 * span + GLMRT_ROUTE_RESIDENT_ROW_PAD) +
+           (int64_t)GLMRT_ROUTE_RESIDENT_TOKENS * span * (int64_t)sizeof(float);
+}
+
+__device__ __forceinline__ glmrt_resident_span glmrt_resident_cluster_span(int32_t cols, int32_t rank)
+{
+    const int32_t width = glmrt_resident_span_cols(cols);
+    glmrt_resident_span span;
+    span.first_col = min(cols, rank * width);
+    span.cols = min(cols - span.first_col, width);
+    span.pitch = 2 * (int64_t)width + GLMRT_ROUTE_RESIDENT_ROW_PAD;
+    return span;
 }
 
 __device__ __forceinline__ void glmrt_resident_mma_stage_weights(uint8_t *tile, const glmrt_cuda_matrix &w,
-                                                                 int32_t first_expert)
+                                                                 int32_t first_expert, const glmrt_resident_span &span)
 {
     const int64_t row_bytes = 2 * (int64_t)w.cols;
-    const int64_t pitch = glmrt_resident_mma_pitch(w.cols);
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(tile);
-    const int32_t chunks = (int32_t)(row_bytes / 16);
+    const int32_t chunks = span.cols * 2 / 16;
     for (int32_t i = (int32_t)threadIdx.x; i < GLMRT_ROUTER_MMA_EXPERTS * chunks; i += (int32_t)blockDim.x) {
         const int32_t r = i / chunks;
         const int32_t c = i % chunks;
         const int32_t expert = min(first_expert + r, w.rows - 1);
-        const uint8_t *from = w.data + (int64_t)expert * row_bytes + (int64_t)c * 16;
-        const uint32_t to = base + (uint32_t)(r * pitch + (int64_t)c * 16);
+        const uint8_t *from = w.data + (int64_t)expert * row_bytes + 2 * (int64_t)span.first_col + (int64_t)c * 16;
+        const uint32_t to = base + (uint32_t)(r * span.pitch + (int64_t)c * 16);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from) : "memory");
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-__device__ __forceinline__ uint4 glmrt_resident_mma_weights(const uint8_t *tile, int64_t pitch, int row, int32_t col,
-                                                            int32_t cols)
+__device__ __forceinline__ uint4 glmrt_resident_mma_weights(const uint8_t *tile, const glmrt_resident_span &span,
+                                                            int row, int32_t col)
 {
-    if (col >= cols) {
+    if (col >= span.cols) {
         return make_uint4(0u, 0u, 0u, 0u);
     }
-    return *reinterpret_cast<const uint4 *>(tile + row * pitch + 2 * (int64_t)col);
+    return *reinterpret_cast<const uint4 *>(tile + row * span.pitch + 2 * (int64_t)col);
+}
+
+__device__ __forceinline__ uint32_t glmrt_cluster_rank(void)
+{
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+__device__ __forceinline__ void glmrt_cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ float glmrt_cluster_load(const float *local, uint32_t rank)
+{
+    const uint32_t address = (uint32_t)__cvta_generic_to_shared(local);
+    uint32_t remote;
+    float value;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(remote) : "memory");
+    return value;
 }
 
 template <bool ROUTE>
-__global__ void __launch_bounds__(GLMRT_ROUTER_MMA_THREADS, 1)
+__global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_MMA_THREADS)
     glmrt_route_resident_mma_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens,
                                     float *logits, int64_t logits_stride, glmrt_cuda_route_args route,
                                     glmrt_cuda_dispatch_args dispatch, int32_t *arrivals)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) uint8_t glmrt_resident_mma_tile[];
-    __shared__ float parts[GLMRT_ROUTER_MMA_PARTS][GLMRT_ROUTER_MMA_EXPERTS][GLMRT_ROUTER_MMA_TOKENS];
-    const int part = (int)(threadIdx.x >> 5);
+    __shared__ float parts[GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS][GLMRT_ROUTER_MMA_EXPERTS][GLMRT_ROUTER_MMA_TOKENS];
+    const int warp = (int)(threadIdx.x >> 5);
     const int lane = (int)(threadIdx.x & 31);
+    const uint32_t rank = glmrt_cluster_rank();
+    const int part = (int)rank * GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS + warp;
     const int32_t cols = w.cols;
-    const int64_t pitch = glmrt_resident_mma_pitch(cols);
-    const int32_t first_expert = (int32_t)blockIdx.x * GLMRT_ROUTER_MMA_EXPERTS;
-    float *token_rows = reinterpret_cast<float *>(glmrt_resident_mma_tile + GLMRT_ROUTER_MMA_EXPERTS * pitch);
-    glmrt_resident_mma_stage_weights(glmrt_resident_mma_tile, w, first_expert);
+    const int32_t first_expert = (int32_t)(blockIdx.x / GLMRT_ROUTE_RESIDENT_CLUSTER) * GLMRT_ROUTER_MMA_EXPERTS;
+    const glmrt_resident_span span = glmrt_resident_cluster_span(cols, (int32_t)rank);
+    float *token_rows = reinterpret_cast<float *>(glmrt_resident_mma_tile + GLMRT_ROUTER_MMA_EXPERTS * span.pitch);
+    glmrt_resident_mma_stage_weights(glmrt_resident_mma_tile, w, first_expert, span);
     glmrt_dependent_enter();
-    glmrt_router_stage_rows(token_rows, cols, x, x_stride, num_tokens, cols);
+    glmrt_router_stage_rows(token_rows, glmrt_resident_span_cols(cols), x + span.first_col, x_stride, num_tokens,
+                            span.cols);
     glmrt_router_staged_wait<0>();
     const glmrt_router_mma_range range = glmrt_router_mma_part(cols, part);
     const int g = lane >> 2;
-    const float *token_row = g < num_tokens ? token_rows + (int64_t)g * cols : nullptr;
+    const float *token_row = g < num_tokens ? token_rows + (int64_t)g * glmrt_resident_span_cols(cols) : nullptr;
     glmrt_router_chains acc;
     glmrt_router_chains_clear(acc);
-#pragma unroll 2
     for (int32_t step = range.begin; step < range.end; ++step) {
-        const int32_t c = glmrt_router_mma_lane_col(step, lane);
-        glmrt_router_chains_step(acc, glmrt_resident_mma_weights(glmrt_resident_mma_tile, pitch, g, c, cols),
-                                 glmrt_resident_mma_weights(glmrt_resident_mma_tile, pitch, g + 8, c, cols),
-                                 glmrt_router_load_tokens(token_row, c, cols));
+        const int32_t c = glmrt_router_mma_lane_col(step, lane) - span.first_col;
+        glmrt_router_chains_step(acc, glmrt_resident_mma_weights(glmrt_resident_mma_tile, span, g, c),
+                                 glmrt_resident_mma_weights(glmrt_resident_mma_tile, span, g + 8, c),
+                                 glmrt_router_load_tokens(token_row, c, span.cols));
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        parts[part][glmrt_router_fragment_expert(i, lane)][glmrt_router_fragment_token(i, lane)] =
+        parts[warp][glmrt_router_fragment_expert(i, lane)][glmrt_router_fragment_token(i, lane)] =
             glmrt_router_chains_value(acc, i);
     }
-    __syncthreads();
-    for (int idx = (int)threadIdx.x; idx < GLMRT_ROUTER_MMA_EXPERTS * num_tokens; idx += GLMRT_ROUTER_MMA_THREADS) {
-        const int t = idx / GLMRT_ROUTER_MMA_EXPERTS;
-        const int e = idx % GLMRT_ROUTER_MMA_EXPERTS;
-        if (first_expert + e < w.rows) {
-            logits[(int64_t)t * logits_stride + first_expert + e] =
-                glmrt_router_parts_fold(&parts[0][e][t], GLMRT_ROUTER_MMA_EXPERTS * GLMRT_ROUTER_MMA_TOKENS);
+    glmrt_cluster_sync();
+    if (rank == 0) {
+        for (int idx = (int)threadIdx.x; idx < GLMRT_ROUTER_MMA_EXPERTS * num_tokens;
+             idx += GLMRT_ROUTE_RESIDENT_MMA_THREADS) {
+            const int t = idx / GLMRT_ROUTER_MMA_EXPERTS;
+            const int e = idx % GLMRT_ROUTER_MMA_EXPERTS;
+            float sum = 0.0f;
+#pragma unroll
+            for (int p = 0; p < GLMRT_ROUTER_MMA_PARTS; ++p) {
+                const float value = glmrt_cluster_load(&parts[p % GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS][e][t],
+                                                       (uint32_t)(p / GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS));
+                sum = p == 0 ? value : __fadd_rn(sum, value);
+            }
+            if (first_expert + e < w.rows) {
+                logits[(int64_t)t * logits_stride + first_expert + e] = sum;
+            }
         }
     }
+    glmrt_cluster_sync();
     if constexpr (ROUTE) {
-        if (!glmrt_resident_last_block(arrivals)) {
+        if (rank != 0 || !glmrt_resident_last_of(arrivals, (int32_t)(gridDim.x / GLMRT_ROUTE_RESIDENT_CLUSTER))) {
             return;
         }
-        for (int32_t token = part; token < num_tokens; token += GLMRT_ROUTER_MMA_PARTS) {
+        for (int32_t token = warp; token < num_tokens; token += GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS) {
             glmrt_route_token(route, token, lane);
         }
         __syncthreads();
         glmrt_dispatch_small(dispatch);
     }
+#endif
 }
 
 typedef void (*glmrt_route_resident_fn)(glmrt_cuda_matrix, const float *, int64_t, int32_t, float *, int64_t,
                                         glmrt_cuda_route_args, glmrt_cuda_dispatch_args, int32_t *);
 
-static glmrt_status glmrt_route_resident_mma_shared(glmrt_route_resident_fn kernel, int64_t bytes,
-                                                    glmrt_error *error)
+static glmrt_status glmrt_route_resident_mma_shared(glmrt_route_resident_fn kernel, glmrt_error *error)
 {
-    static std::atomic<int64_t> granted[GLMRT_ROUTE_RESIDENT_MAX_DEVICES];
+    static std::atomic<int32_t> sized[GLMRT_ROUTE_RESIDENT_MAX_DEVICES];
     int device = 0;
     GLMRT_CUDA_TRY(error, cudaGetDevice(&device));
     const bool cached = device >= 0 && device < GLMRT_ROUTE_RESIDENT_MAX_DEVICES;
-    if (cached && granted[device].load(std::memory_order_acquire) >= bytes) {
+    if (cached && sized[device].load(std::memory_order_acquire) != 0) {
         return GLMRT_OK;
     }
     const int64_t most = glmrt_resident_mma_shared_bytes(GLMRT_ROUTE_RESIDENT_COLS);
     GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     if (cached) {
-        granted[device].store(most, std::memory_order_release);
+        sized[device].store(1, std::memory_order_release);
     }
     return GLMRT_OK;
 }
@@ -215,14 +274,26 @@ static glmrt_status glmrt_route_resident_mma_launch(const glmrt_cuda_matrix *w, 
                                                     cudaStream_t stream, glmrt_error *error)
 {
     glmrt_route_resident_fn kernel = glmrt_route_resident_mma_kernel<true>;
+    GLMRT_TRY(glmrt_route_resident_mma_shared(kernel, error));
     const int64_t bytes = glmrt_resident_mma_shared_bytes(w->cols);
-    GLMRT_TRY(glmrt_route_resident_mma_shared(kernel, bytes, error));
-    dim3 grid((unsigned)glmrt_ceil_div(w->rows, GLMRT_ROUTER_MMA_EXPERTS));
+    dim3 grid((unsigned)(glmrt_ceil_div(w->rows, GLMRT_ROUTER_MMA_EXPERTS) * GLMRT_ROUTE_RESIDENT_CLUSTER));
     glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config =
-        glmrt_dependent_config(&dependent, grid, GLMRT_ROUTER_MMA_THREADS, (size_t)bytes, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride, route,
-                                             dispatch, arrivals));
+    cudaLaunchConfig_t config =
+        *glmrt_dependent_config(&dependent, grid, GLMRT_ROUTE_RESIDENT_MMA_THREADS, (size_t)bytes, stream);
+    cudaLaunchAttribute attributes[2];
+    unsigned count = 0;
+    if (config.numAttrs > 0) {
+        attributes[count++] = dependent.attribute;
+    }
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = GLMRT_ROUTE_RESIDENT_CLUSTER;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    count += 1;
+    config.attrs = attributes;
+    config.numAttrs = count;
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(&config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride,
+                                             route, dispatch, arrivals));
     return GLMRT_OK;
 }
 
