@@ -645,6 +645,8 @@ int main(void)
     glmrt_check_router_logits(&report, &rng, GLMRT_CUDA_FORMAT_BF16, 37, 1056, 397);
     const glmrt_resident_case resident_cases[] = {
         {GLMRT_CUDA_FORMAT_BF16, 160, 5120, 8, 1, 1, 1},
+        {GLMRT_CUDA_FORMAT_BF16, 160, 5120, 8, 1, 1, 2},
+        {GLMRT_CUDA_FORMAT_BF16, 37, 1056, 6, 1, 1, 2},
         {GLMRT_CUDA_FORMAT_F32, 160, 5120, 8, 1, 1, 2},
         {GLMRT_CUDA_FORMAT_F32, 64, 1056, 6, 8, 3, 2},
         {GLMRT_CUDA_FORMAT_BF16, 20, 132, 2, 1, 1, 1},
