@@ -177,7 +177,6 @@ __device__ __forceinline__ float glmrt_cluster_load(const float *local, uint32_t
     return value;
 }
 
-template <bool ROUTE>
 __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_MMA_THREADS)
     glmrt_route_resident_mma_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens,
                                     float *logits, int64_t logits_stride, glmrt_cuda_route_args route,
@@ -221,29 +220,26 @@ __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_MMA_THREADS)
              idx += GLMRT_ROUTE_RESIDENT_MMA_THREADS) {
             const int t = idx / GLMRT_ROUTER_MMA_EXPERTS;
             const int e = idx % GLMRT_ROUTER_MMA_EXPERTS;
-            float sum = 0.0f;
+            float values[GLMRT_ROUTER_MMA_PARTS];
 #pragma unroll
             for (int p = 0; p < GLMRT_ROUTER_MMA_PARTS; ++p) {
-                const float value = glmrt_cluster_load(&parts[p % GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS][e][t],
-                                                       (uint32_t)(p / GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS));
-                sum = p == 0 ? value : __fadd_rn(sum, value);
+                values[p] = glmrt_cluster_load(&parts[p % GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS][e][t],
+                                               (uint32_t)(p / GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS));
             }
             if (first_expert + e < w.rows) {
-                logits[(int64_t)t * logits_stride + first_expert + e] = sum;
+                logits[(int64_t)t * logits_stride + first_expert + e] = glmrt_router_parts_fold(values, 1);
             }
         }
     }
     glmrt_cluster_sync();
-    if constexpr (ROUTE) {
-        if (rank != 0 || !glmrt_resident_last_of(arrivals, (int32_t)(gridDim.x / GLMRT_ROUTE_RESIDENT_CLUSTER))) {
-            return;
-        }
-        for (int32_t token = warp; token < num_tokens; token += GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS) {
-            glmrt_route_token(route, token, lane);
-        }
-        __syncthreads();
-        glmrt_dispatch_small(dispatch);
+    if (rank != 0 || !glmrt_resident_last_of(arrivals, (int32_t)(gridDim.x / GLMRT_ROUTE_RESIDENT_CLUSTER))) {
+        return;
     }
+    for (int32_t token = warp; token < num_tokens; token += GLMRT_ROUTE_RESIDENT_CLUSTER_PARTS) {
+        glmrt_route_token(route, token, lane);
+    }
+    __syncthreads();
+    glmrt_dispatch_small(dispatch);
 #endif
 }
 
@@ -273,7 +269,7 @@ static glmrt_status glmrt_route_resident_mma_launch(const glmrt_cuda_matrix *w, 
                                                     const glmrt_cuda_dispatch_args &dispatch, int32_t *arrivals,
                                                     cudaStream_t stream, glmrt_error *error)
 {
-    glmrt_route_resident_fn kernel = glmrt_route_resident_mma_kernel<true>;
+    glmrt_route_resident_fn kernel = glmrt_route_resident_mma_kernel;
     GLMRT_TRY(glmrt_route_resident_mma_shared(kernel, error));
     const int64_t bytes = glmrt_resident_mma_shared_bytes(w->cols);
     dim3 grid((unsigned)(glmrt_ceil_div(w->rows, GLMRT_ROUTER_MMA_EXPERTS) * GLMRT_ROUTE_RESIDENT_CLUSTER));
