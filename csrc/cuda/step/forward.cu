@@ -741,9 +741,8 @@ static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_
     step->counts = counts;
     step->error = st->error;
     step->stream = st->stream;
-    const int32_t rows = counts->bucket > 0 ? counts->bucket : counts->num_tokens;
-    step->rows_owned = glmrt_step_can_own_rows(st, rows);
-    step->routes_own_rows = step->rows_owned || glmrt_step_can_route_own_rows(st, rows);
+    step->rows_owned = glmrt_step_can_own_rows(st, counts->num_tokens);
+    step->routes_own_rows = step->rows_owned || glmrt_step_can_route_own_rows(st, counts->num_tokens);
     glmrt_cuda_dependent_launches_set(st->engine->options.dependent_launches == GLMRT_DEPENDENT_LAUNCHES_DEFAULT);
     glmrt_cuda_step_view_at(counts, st->ws.step_inputs, &step->view);
 }
@@ -835,7 +834,7 @@ glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_s
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
-    st->last_rows_owned = step.rows_owned;
+    st->last_rows_owned = counts->bucket > 0 ? glmrt_step_can_own_rows(st, counts->bucket) : step.rows_owned;
     GLMRT_CUDA_TRY(error, cudaEventRecord(st->step_started, st->stream));
     GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
     GLMRT_TRY(glmrt_step_launch(&step));
