@@ -252,9 +252,9 @@ static long glmrt_qtest_gather_rounded(int32_t kind, const float *d_act, int32_t
     return *status == GLMRT_OK ? mismatches : 1;
 }
 
-static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng, int32_t rows, int32_t gathered)
+static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng, int32_t rows, int32_t gathered,
+                                    int32_t width)
 {
-    const int32_t width = 1040;
     glmrt_qtest_rows gate_up = glmrt_qtest_make_rows(rng, rows, 2 * width);
     float *d_gate_up = glmrt_test_upload(gate_up.x);
     float *d_act = glmrt_test_alloc<float>((size_t)rows * width);
@@ -302,8 +302,9 @@ static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *r
         glmrt_test_expect(report, status == GLMRT_OK && copy_mismatches == 0, gathered_what, (double)copy_mismatches,
                           0);
         char what[160];
-        snprintf(what, sizeof(what), "%s activations (SiLU-mul fused and gathered rows), %d and %d rows, equal the CPU rule",
-                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16", rows, gathered);
+        snprintf(what, sizeof(what),
+                 "%s activations (SiLU-mul fused and gathered rows), %d and %d rows of %d columns, equal the CPU rule",
+                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16", rows, gathered, width);
         glmrt_test_expect(report, status == GLMRT_OK && mismatches == 0, what, (double)mismatches, 0);
         glmrt_qtest_operand_free(o);
     }
@@ -598,8 +599,11 @@ int main(void)
         printf("SKIP quantized GEMM needs an sm_90 device\n");
         return glmrt_test_finish("test_cuda_qgemm", &report);
     }
-    glmrt_qtest_activations(&report, &rng, 67, 90);
-    glmrt_qtest_activations(&report, &rng, 400, 450);
+    glmrt_qtest_activations(&report, &rng, 67, 90, 1040);
+    glmrt_qtest_activations(&report, &rng, 400, 450, 1040);
+    glmrt_qtest_activations(&report, &rng, 1, 3, 12288);
+    glmrt_qtest_activations(&report, &rng, 8, 5, 1536);
+    glmrt_qtest_activations(&report, &rng, 2, 2, 10256);
     const glmrt_qtest_case cases[] = {
         {"bf16", GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, 0},
         {"fp8 per-channel", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, 0},

@@ -1,12 +1,16 @@
-#include "dependent_launch.cuh"
 #include "activation_quant.cuh"
+#include "cluster_ops.cuh"
 #include "cuda_check.cuh"
+#include "dependent_launch.cuh"
 
 #define GLMRT_ACTIVATION_THREADS 256
 #define GLMRT_ACTIVATION_CACHED 12
 #define GLMRT_ROW_WARPS 8
 #define GLMRT_ROW_VECTORS 12
 #define GLMRT_ROW_COLS (32 * 4 * GLMRT_ROW_VECTORS)
+#define GLMRT_CLUSTER_BLOCKS 8
+#define GLMRT_CLUSTER_VECTORS 4
+#define GLMRT_CLUSTER_BLOCK_COLS (GLMRT_ACTIVATION_THREADS * 4 * GLMRT_CLUSTER_VECTORS)
 
 template <int OP>
 __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int32_t cols, int32_t col)
@@ -21,14 +25,14 @@ __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int3
 }
 
 template <int OP, int COUNT>
-__device__ __forceinline__ float glmrt_activation_load(float4 *cached, const float *row, int32_t cols, int32_t first,
-                                                       int32_t stride)
+__device__ __forceinline__ float glmrt_activation_load(float4 *cached, const float *row, int32_t cols, int32_t end,
+                                                       int32_t first, int32_t stride)
 {
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < COUNT; ++k) {
         const int32_t c = first + k * stride;
-        cached[k] = c < cols ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        cached[k] = c < end ? glmrt_activation_values<OP>(row, cols, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         amax = glmrt_abs_max4(cached[k], amax);
     }
     return amax;
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     const int32_t lo = (int32_t)blockIdx.y * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
     float4 cached[GLMRT_ACTIVATION_CACHED];
-    float amax = glmrt_activation_load<OP, GLMRT_ACTIVATION_CACHED>(cached, row, cols, first, stride);
+    float amax = glmrt_activation_load<OP, GLMRT_ACTIVATION_CACHED>(cached, row, cols, cols, first, stride);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
         for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
@@ -94,7 +98,7 @@ __global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32)
     const int64_t source = x_rows != nullptr ? x_rows[r] : r;
     const float *row = x + source * x_stride;
     float4 cached[GLMRT_ROW_VECTORS];
-    const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, lane * 4, 32 * 4);
+    const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, cols, lane * 4, 32 * 4);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
         scale = glmrt_activation_scale(glmrt_warp_max(amax));
@@ -111,6 +115,53 @@ __global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32)
     }
 }
 
+template <int OP, int KIND>
+__global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
+    glmrt_activation_cluster_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
+                                    const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols,
+                                    int32_t slice_cols)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    glmrt_dependent_enter();
+    __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
+    __shared__ float slice_max;
+    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
+    const int32_t r = (int32_t)blockIdx.y;
+    if (r >= rows) {
+        return;
+    }
+    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
+    const float *row = x + source * x_stride;
+    const int32_t lo = (int32_t)blockIdx.x * slice_cols;
+    const int32_t hi = min(cols, lo + slice_cols);
+    const int32_t first = lo + (int32_t)threadIdx.x * 4;
+    const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
+    float4 cached[GLMRT_CLUSTER_VECTORS];
+    const float amax = glmrt_activation_load<OP, GLMRT_CLUSTER_VECTORS>(cached, row, cols, hi, first, stride);
+    const float block_max = glmrt_activation_block_max(amax, warp_max);
+    if (threadIdx.x == 0) {
+        slice_max = block_max;
+    }
+    glmrt_cluster_sync();
+    float row_max = 0.0f;
+    for (uint32_t b = 0; b < gridDim.x; ++b) {
+        row_max = fmaxf(row_max, glmrt_cluster_load(&slice_max, b));
+    }
+    glmrt_cluster_sync();
+    const float scale = glmrt_activation_scale(row_max);
+#pragma unroll
+    for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
+        const int32_t c = first + k * stride;
+        if (c < hi) {
+            glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
+        }
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        out_scales[r] = scale;
+    }
+#endif
+}
+
 template <int OP>
 static glmrt_status glmrt_activation_launch_rows(const glmrt_cuda_activation_args *a, cudaStream_t stream,
                                                  glmrt_error *error)
@@ -124,6 +175,24 @@ static glmrt_status glmrt_activation_launch_rows(const glmrt_cuda_activation_arg
         &dependent, (unsigned)glmrt_ceil_div(a->num_rows, GLMRT_ROW_WARPS), GLMRT_ROW_WARPS * 32, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
                                              o->data, o->scales, o->cols));
+    return GLMRT_OK;
+}
+
+template <int OP>
+static glmrt_status glmrt_activation_launch_cluster(const glmrt_cuda_activation_args *a, cudaStream_t stream,
+                                                    glmrt_error *error)
+{
+    const glmrt_cuda_qgemm_operand *o = a->out;
+    int32_t blocks = glmrt_ceil_div(o->cols, GLMRT_ACTIVATION_THREADS * 4);
+    blocks = blocks < GLMRT_CLUSTER_BLOCKS ? blocks : GLMRT_CLUSTER_BLOCKS;
+    const int32_t slice_cols = glmrt_ceil_div(glmrt_ceil_div(o->cols, blocks), 4) * 4;
+    dim3 grid((unsigned)blocks, (unsigned)a->num_rows);
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_cluster_config(&dependent, grid, GLMRT_ACTIVATION_THREADS, 0,
+                                                                      stream, (unsigned)blocks);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_activation_cluster_kernel<OP, GLMRT_OPERAND_FP8>, a->x,
+                                             a->x_stride, a->x_rows, a->num_rows, a->device_rows, o->data, o->scales,
+                                             o->cols, slice_cols));
     return GLMRT_OK;
 }
 
@@ -146,7 +215,11 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
         return glmrt_activation_launch_rows<OP>(a, stream, error);
     }
     const int32_t slice_cols = glmrt_activation_slice_cols(a->num_rows, o->cols, sms);
-    dim3 grid((unsigned)a->num_rows, (unsigned)glmrt_ceil_div(o->cols, slice_cols));
+    const int32_t slices = glmrt_ceil_div(o->cols, slice_cols);
+    if (o->kind == GLMRT_OPERAND_FP8 && slices > 1 && o->cols <= GLMRT_CLUSTER_BLOCKS * GLMRT_CLUSTER_BLOCK_COLS) {
+        return glmrt_activation_launch_cluster<OP>(a, stream, error);
+    }
+    dim3 grid((unsigned)a->num_rows, (unsigned)slices);
     void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t,
                    int32_t) = o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8>
                                                           : glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16>;

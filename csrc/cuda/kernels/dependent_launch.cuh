@@ -29,6 +29,7 @@ bool glmrt_cuda_dependent_launches(void);
 typedef struct glmrt_dependent_launch {
     cudaLaunchConfig_t config;
     cudaLaunchAttribute attribute;
+    cudaLaunchAttribute attributes[2];
 } glmrt_dependent_launch;
 
 static inline const cudaLaunchConfig_t *glmrt_dependent_config(glmrt_dependent_launch *launch, dim3 grid, dim3 block,
@@ -42,6 +43,24 @@ static inline const cudaLaunchConfig_t *glmrt_dependent_config(glmrt_dependent_l
     launch->config.stream = stream;
     launch->config.attrs = &launch->attribute;
     launch->config.numAttrs = glmrt_cuda_dependent_launches() ? 1u : 0u;
+    return &launch->config;
+}
+
+static inline const cudaLaunchConfig_t *glmrt_dependent_cluster_config(glmrt_dependent_launch *launch, dim3 grid,
+                                                                       dim3 block, size_t shared,
+                                                                       cudaStream_t stream, unsigned cluster_x)
+{
+    glmrt_dependent_config(launch, grid, block, shared, stream);
+    unsigned count = 0;
+    if (launch->config.numAttrs > 0) {
+        launch->attributes[count++] = launch->attribute;
+    }
+    launch->attributes[count].id = cudaLaunchAttributeClusterDimension;
+    launch->attributes[count].val.clusterDim.x = cluster_x;
+    launch->attributes[count].val.clusterDim.y = 1;
+    launch->attributes[count].val.clusterDim.z = 1;
+    launch->config.attrs = launch->attributes;
+    launch->config.numAttrs = count + 1;
     return &launch->config;
 }
 

@@ -27,13 +27,14 @@ __device__ __forceinline__ void glmrt_warp_best(float &value, int32_t &index)
     }
 }
 
+template <int PER_LANE>
 __device__ __forceinline__ void glmrt_lane_best(const float *choice, const bool *taken, int lane, int32_t first,
                                                 int32_t end, float &value, int32_t &index)
 {
     value = -INFINITY;
     index = -1;
 #pragma unroll
-    for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+    for (int i = 0; i < PER_LANE; ++i) {
         int32_t e = lane + 32 * i;
         if (e >= first && e < end && !taken[i]) {
             if (index < 0 || choice[i] > value) {
@@ -53,12 +54,13 @@ __device__ __forceinline__ uint32_t glmrt_route_key(float value)
     return (bits & 0x80000000u) != 0u ? ~bits : (bits | 0x80000000u);
 }
 
+template <int PER_LANE>
 __device__ __forceinline__ int32_t glmrt_warp_first_alive(const uint32_t *keys, const bool *taken, int lane)
 {
     uint32_t best_key = 0u;
     uint32_t best_index = 0xffffffffu;
 #pragma unroll
-    for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+    for (int i = 0; i < PER_LANE; ++i) {
         if (!taken[i] && (best_index == 0xffffffffu || keys[i] > best_key)) {
             best_key = keys[i];
             best_index = (uint32_t)(lane + 32 * i);
@@ -69,14 +71,15 @@ __device__ __forceinline__ int32_t glmrt_warp_first_alive(const uint32_t *keys, 
     return (int32_t)__reduce_min_sync(GLMRT_FULL_MASK, candidate);
 }
 
-static __device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int32_t token, int lane)
+template <int PER_LANE>
+static __device__ void glmrt_route_token_lanes(const glmrt_cuda_route_args &args, int32_t token, int lane)
 {
     const float *logits = args.logits + (int64_t)token * args.num_experts;
-    float score[GLMRT_ROUTE_PER_LANE];
-    float choice[GLMRT_ROUTE_PER_LANE];
-    bool taken[GLMRT_ROUTE_PER_LANE];
+    float score[PER_LANE];
+    float choice[PER_LANE];
+    bool taken[PER_LANE];
 #pragma unroll
-    for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+    for (int i = 0; i < PER_LANE; ++i) {
         int32_t e = lane + 32 * i;
         taken[i] = e >= args.num_experts;
         score[i] = 0.0f;
@@ -92,18 +95,20 @@ static __device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int3
         for (int32_t g = 0; g < args.num_groups; ++g) {
             float first_value;
             int32_t first_index;
-            glmrt_lane_best(choice, taken, lane, g * group_size, (g + 1) * group_size, first_value, first_index);
+            glmrt_lane_best<PER_LANE>(choice, taken, lane, g * group_size, (g + 1) * group_size, first_value,
+                                      first_index);
             glmrt_warp_best(first_value, first_index);
             float total = first_value;
             if (group_size >= 2) {
-                bool skip[GLMRT_ROUTE_PER_LANE];
+                bool skip[PER_LANE];
 #pragma unroll
-                for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+                for (int i = 0; i < PER_LANE; ++i) {
                     skip[i] = taken[i] || (lane + 32 * i) == first_index;
                 }
                 float second_value;
                 int32_t second_index;
-                glmrt_lane_best(choice, skip, lane, g * group_size, (g + 1) * group_size, second_value, second_index);
+                glmrt_lane_best<PER_LANE>(choice, skip, lane, g * group_size, (g + 1) * group_size, second_value,
+                                          second_index);
                 glmrt_warp_best(second_value, second_index);
                 total = first_value + second_value;
             }
@@ -123,7 +128,7 @@ static __device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int3
             kept |= 1u << index;
         }
 #pragma unroll
-        for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+        for (int i = 0; i < PER_LANE; ++i) {
             int32_t e = lane + 32 * i;
             if (e < args.num_experts && !((kept >> (e / group_size)) & 1u)) {
                 choice[i] = -INFINITY;
@@ -131,35 +136,48 @@ static __device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int3
         }
     }
     float sum = 0.0f;
-    float weights[GLMRT_MOE_MAX_TOP_K];
-    int32_t ids[GLMRT_MOE_MAX_TOP_K];
-    uint32_t keys[GLMRT_ROUTE_PER_LANE];
+    int32_t slot_id = -1;
+    float slot_weight = 0.0f;
+    uint32_t keys[PER_LANE];
 #pragma unroll
-    for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+    for (int i = 0; i < PER_LANE; ++i) {
         keys[i] = glmrt_route_key(choice[i]);
     }
     for (int32_t slot = 0; slot < args.top_k; ++slot) {
-        const int32_t index = glmrt_warp_first_alive(keys, taken, lane);
+        const int32_t index = glmrt_warp_first_alive<PER_LANE>(keys, taken, lane);
         float weight = 0.0f;
 #pragma unroll
-        for (int i = 0; i < GLMRT_ROUTE_PER_LANE; ++i) {
+        for (int i = 0; i < PER_LANE; ++i) {
             if (lane + 32 * i == index) {
                 taken[i] = true;
                 weight = score[i];
             }
         }
         weight = __shfl_sync(GLMRT_FULL_MASK, weight, index % 32);
-        ids[slot] = index;
-        weights[slot] = weight;
+        if (lane == slot) {
+            slot_id = index;
+            slot_weight = weight;
+        }
         sum += weight;
     }
-    if (lane == 0) {
-        float denominator = sum + 1e-20f;
-        for (int32_t slot = 0; slot < args.top_k; ++slot) {
-            float weight = args.normalize ? weights[slot] / denominator : weights[slot];
-            args.topk_ids[(int64_t)token * args.top_k + slot] = ids[slot];
-            args.topk_weights[(int64_t)token * args.top_k + slot] = weight * args.scaling;
-        }
+    if (lane < args.top_k) {
+        const float denominator = sum + 1e-20f;
+        const float weight = args.normalize ? slot_weight / denominator : slot_weight;
+        args.topk_ids[(int64_t)token * args.top_k + lane] = slot_id;
+        args.topk_weights[(int64_t)token * args.top_k + lane] = weight * args.scaling;
+    }
+}
+
+static __device__ void glmrt_route_token(const glmrt_cuda_route_args &args, int32_t token, int lane)
+{
+    if (args.num_experts <= 64) {
+        glmrt_route_token_lanes<2>(args, token, lane);
+    } else if (args.num_experts <= 160) {
+        glmrt_route_token_lanes<5>(args, token, lane);
+    } else if (args.num_experts <= 256) {
+        glmrt_route_token_lanes<8>(args, token, lane);
+    } else {
+        glmrt_route_token_lanes<GLMRT_ROUTE_PER_LANE>(args, token, lane);
     }
 }
 

@@ -1,6 +1,7 @@
 #include <atomic>
 #include <string.h>
 
+#include "cluster_ops.cuh"
 #include "cuda_check.cuh"
 #include "dependent_launch.cuh"
 #include "moe_blocks.cuh"
@@ -155,28 +156,6 @@ __device__ __forceinline__ uint4 glmrt_resident_mma_weights(const uint8_t *tile,
     return *reinterpret_cast<const uint4 *>(tile + row * span.pitch + 2 * (int64_t)col);
 }
 
-__device__ __forceinline__ uint32_t glmrt_cluster_rank(void)
-{
-    uint32_t rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
-
-__device__ __forceinline__ void glmrt_cluster_sync(void)
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ float glmrt_cluster_load(const float *local, uint32_t rank)
-{
-    const uint32_t address = (uint32_t)__cvta_generic_to_shared(local);
-    uint32_t remote;
-    float value;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(remote) : "memory");
-    return value;
-}
-
 __global__ void __launch_bounds__(GLMRT_ROUTE_RESIDENT_MMA_THREADS)
     glmrt_route_resident_mma_kernel(glmrt_cuda_matrix w, const float *x, int64_t x_stride, int32_t num_tokens,
                                     float *logits, int64_t logits_stride, glmrt_cuda_route_args route,
@@ -274,21 +253,9 @@ static glmrt_status glmrt_route_resident_mma_launch(const glmrt_cuda_matrix *w, 
     const int64_t bytes = glmrt_resident_mma_shared_bytes(w->cols);
     dim3 grid((unsigned)(glmrt_ceil_div(w->rows, GLMRT_ROUTER_MMA_EXPERTS) * GLMRT_ROUTE_RESIDENT_CLUSTER));
     glmrt_dependent_launch dependent;
-    cudaLaunchConfig_t config =
-        *glmrt_dependent_config(&dependent, grid, GLMRT_ROUTE_RESIDENT_MMA_THREADS, (size_t)bytes, stream);
-    cudaLaunchAttribute attributes[2];
-    unsigned count = 0;
-    if (config.numAttrs > 0) {
-        attributes[count++] = dependent.attribute;
-    }
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = GLMRT_ROUTE_RESIDENT_CLUSTER;
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count].val.clusterDim.z = 1;
-    count += 1;
-    config.attrs = attributes;
-    config.numAttrs = count;
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(&config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride,
+    const cudaLaunchConfig_t *config = glmrt_dependent_cluster_config(
+        &dependent, grid, GLMRT_ROUTE_RESIDENT_MMA_THREADS, (size_t)bytes, stream, GLMRT_ROUTE_RESIDENT_CLUSTER);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *w, x, x_stride, num_tokens, logits, logits_stride,
                                              route, dispatch, arrivals));
     return GLMRT_OK;
 }
