@@ -28,20 +28,19 @@ bool glmrt_cuda_dependent_launches(void);
 
 typedef struct glmrt_dependent_launch {
     cudaLaunchConfig_t config;
-    cudaLaunchAttribute attribute;
     cudaLaunchAttribute attributes[2];
 } glmrt_dependent_launch;
 
 static inline const cudaLaunchConfig_t *glmrt_dependent_config(glmrt_dependent_launch *launch, dim3 grid, dim3 block,
                                                                size_t shared, cudaStream_t stream)
 {
-    launch->attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    launch->attribute.val.programmaticStreamSerializationAllowed = 1;
+    launch->attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    launch->attributes[0].val.programmaticStreamSerializationAllowed = 1;
     launch->config.gridDim = grid;
     launch->config.blockDim = block;
     launch->config.dynamicSmemBytes = shared;
     launch->config.stream = stream;
-    launch->config.attrs = &launch->attribute;
+    launch->config.attrs = launch->attributes;
     launch->config.numAttrs = glmrt_cuda_dependent_launches() ? 1u : 0u;
     return &launch->config;
 }
@@ -51,16 +50,12 @@ static inline const cudaLaunchConfig_t *glmrt_dependent_cluster_config(glmrt_dep
                                                                        cudaStream_t stream, unsigned cluster_x)
 {
     glmrt_dependent_config(launch, grid, block, shared, stream);
-    unsigned count = 0;
-    if (launch->config.numAttrs > 0) {
-        launch->attributes[count++] = launch->attribute;
-    }
-    launch->attributes[count].id = cudaLaunchAttributeClusterDimension;
-    launch->attributes[count].val.clusterDim.x = cluster_x;
-    launch->attributes[count].val.clusterDim.y = 1;
-    launch->attributes[count].val.clusterDim.z = 1;
-    launch->config.attrs = launch->attributes;
-    launch->config.numAttrs = count + 1;
+    cudaLaunchAttribute *cluster = &launch->attributes[launch->config.numAttrs];
+    cluster->id = cudaLaunchAttributeClusterDimension;
+    cluster->val.clusterDim.x = cluster_x;
+    cluster->val.clusterDim.y = 1;
+    cluster->val.clusterDim.z = 1;
+    launch->config.numAttrs += 1;
     return &launch->config;
 }
 
