@@ -38,6 +38,17 @@ __device__ __forceinline__ float glmrt_activation_load(float4 *cached, const flo
     return amax;
 }
 
+__device__ __forceinline__ const float *glmrt_activation_row(const float *x, int64_t x_stride, const int32_t *x_rows,
+                                                            int32_t num_rows, const int32_t *device_rows, int32_t r)
+{
+    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
+    if (r >= rows) {
+        return nullptr;
+    }
+    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
+    return x + source * x_stride;
+}
+
 template <int OP, int KIND>
 __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     glmrt_activation_quantize_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
@@ -46,13 +57,11 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
 {
     glmrt_dependent_enter();
     __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
-    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     const int32_t r = (int32_t)blockIdx.x;
-    if (r >= rows) {
+    const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
+    if (row == nullptr) {
         return;
     }
-    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
-    const float *row = x + source * x_stride;
     const int32_t first = (int32_t)threadIdx.x * 4;
     const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
     const int32_t lo = (int32_t)blockIdx.y * slice_cols;
@@ -89,14 +98,12 @@ __global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32)
                                  const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
 {
     glmrt_dependent_enter();
-    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     const int32_t r = (int32_t)blockIdx.x * GLMRT_ROW_WARPS + (int32_t)(threadIdx.x >> 5);
-    if (r >= rows) {
+    const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
+    if (row == nullptr) {
         return;
     }
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
-    const float *row = x + source * x_stride;
     float4 cached[GLMRT_ROW_VECTORS];
     const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, cols, lane * 4, 32 * 4);
     float scale = 1.0f;
@@ -125,13 +132,11 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     glmrt_dependent_enter();
     __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
     __shared__ float slice_max;
-    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
     const int32_t r = (int32_t)blockIdx.y;
-    if (r >= rows) {
+    const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
+    if (row == nullptr) {
         return;
     }
-    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
-    const float *row = x + source * x_stride;
     const int32_t lo = (int32_t)blockIdx.x * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
     const int32_t first = lo + (int32_t)threadIdx.x * 4;
