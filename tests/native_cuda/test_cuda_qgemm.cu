@@ -460,11 +460,12 @@ static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     cudaFree(split.counters);
 }
 
-static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
+static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
+                                int32_t rows)
 {
     const int32_t cols = 608;
     const int32_t groups = 3;
-    std::vector<int32_t> parts = {176};
+    std::vector<int32_t> parts = {rows};
     glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, groups, tc->block);
     uint8_t *d_data;
     float *d_scale;
@@ -533,7 +534,7 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
         row_begin += group_rows[g];
     }
     char what[200];
-    snprintf(what, sizeof(what), "qgemm %s per-expert matmuls match a float64 reference", tc->name);
+    snprintf(what, sizeof(what), "qgemm %s per-expert matmuls of %d rows match a float64 reference", tc->name, rows);
     glmrt_test_expect(report, status == GLMRT_OK && worst < GLMRT_QTEST_BOUND, what, worst, GLMRT_QTEST_BOUND);
     long differing = 0;
     for (int32_t tile_rows : {8, 32, 128}) {
@@ -572,8 +573,9 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
         differing += memcmp(y.data(), dense.data(), y.size() * 4) != 0;
         cudaFree(d_tiles);
     }
-    snprintf(what, sizeof(what), "qgemm %s grouped tiles of 8, 32 and 128 rows equal per-expert matmuls bitwise",
-             tc->name);
+    snprintf(what, sizeof(what),
+             "qgemm %s grouped tiles of 8, 32 and 128 rows over %d weight rows equal per-expert matmuls bitwise",
+             tc->name, rows);
     glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
     if (status != GLMRT_OK) {
         printf("error: %s\n", error.message);
@@ -614,7 +616,8 @@ int main(void)
     for (const glmrt_qtest_case &tc : cases) {
         glmrt_qtest_dense(&report, &rng, &tc, 608, 1);
         glmrt_qtest_dense(&report, &rng, &tc, 5120, 1);
-        glmrt_qtest_grouped(&report, &rng, &tc);
+        glmrt_qtest_grouped(&report, &rng, &tc, 176);
+        glmrt_qtest_grouped(&report, &rng, &tc, 320);
     }
     return glmrt_test_finish("test_cuda_qgemm", &report);
 }
