@@ -46,6 +46,9 @@ def parse_args(argv):
                         help="how a split model spreads the routed experts (see server.py --help)")
     parser.add_argument("--all-reduce", choices=("auto", "peer", "nccl", "peer-bf16"), default="auto",
                         help="how the GPUs of a split model sum their partials (see server.py --help)")
+    parser.add_argument("--launch-ahead", choices=("auto", "off", "always"), default="auto",
+                        help="launch each relaunched decode step before the one it continues has completed, its "
+                             "tokens fed on the device (the engine's default where the backend allows it)")
     parser.add_argument("--json", help="write every measurement to this file")
     return parser.parse_args(argv)
 
@@ -185,16 +188,33 @@ def time_decode(engine, requests, warmup, steps):
     return float(np.median(times)), host_fraction(sum(times), device_ns_before, device_ns_after)
 
 
+def time_relaunched(engine, requests, warmup, steps):
+    engine.launch(requests)
+    for _ in range(warmup):
+        engine.complete_and_relaunch()
+    device_ns_before = device_forward_ns(engine)
+    times = []
+    last = time.perf_counter()
+    for _ in range(steps):
+        engine.complete_and_relaunch()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    device_ns_after = device_forward_ns(engine)
+    engine.complete()
+    return float(np.median(times)), host_fraction(sum(times), device_ns_before, device_ns_after)
+
+
 def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate):
     largest = max(batches)
-    new_tokens = len(batches) * (args.warmup_steps + args.decode_steps) + 4
+    new_tokens = 2 * len(batches) * (args.warmup_steps + args.decode_steps + 1) + 4
     pages = largest * math.ceil((args.context + new_tokens + 1) / PAGE_SIZE) + 16
     engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True,
                     random_seed=args.seed, max_batch=largest,
                     max_tokens_per_step=max(args.max_tokens_per_step, largest), kv_page_size=PAGE_SIZE,
                     kv_num_pages=pages, matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
                     dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
-                    expert_split=args.expert_split)
+                    expert_split=args.expert_split, launch_ahead=args.launch_ahead)
     info = engine.info()
     rng = np.random.default_rng(args.seed)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -214,12 +234,14 @@ def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate):
     rows = []
     for batch in batches:
         seconds, host = time_decode(engine, requests[:batch], args.warmup_steps, args.decode_steps)
+        relaunched, relaunched_host = time_relaunched(engine, requests[:batch], args.warmup_steps, args.decode_steps)
         context = requests[0].info().num_tokens
         weight_bytes, kv_bytes = decode_step_bytes(config, batch, context)
         floor = (weight_bytes + kv_bytes) / (bandwidth * args.num_devices)
         rows.append(dict(batch=batch, context=context, step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
                          weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, floor_ms=floor * 1e3,
-                         roofline_fraction=floor / seconds, host_fraction=host))
+                         roofline_fraction=floor / seconds, host_fraction=host, relaunched_ms=relaunched * 1e3,
+                         relaunched_roofline_fraction=floor / relaunched, relaunched_host_fraction=relaunched_host))
         print(f"glmrt decode {rows[-1]}", flush=True)
     for request in requests:
         engine.free_request(request)
@@ -231,6 +253,7 @@ def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate):
                           dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
                           expert_split=args.expert_split, decode_graph_bytes=info.decode_graph_bytes,
                           workspace_bytes=info.workspace_bytes, kv_num_pages=info.kv_num_pages,
+                          launch_ahead=info.launch_ahead, steps_launched_ahead=stats.steps_launched_ahead,
                           pages_free_after=stats.kv_pages_free),
                 prefill=prefill, decode=rows)
 
@@ -318,15 +341,18 @@ def print_tables(result):
           f"prompt, causal attention) = {100 * prefill['fp8_fraction']:.1f}% of the FP8 dense rate, "
           f"host {percent_or_na(prefill['host_fraction'])} of the wall time")
     reference = {row["batch"]: row["step_ms"] for row in result.get("transformers", {}).get("decode", [])}
+    print(f"steps relaunched by the native core (the server's loop), launched ahead: "
+          f"{'yes' if ours['info']['launch_ahead'] else 'no'} ({ours['info']['steps_launched_ahead']} steps)")
     print("| batch | context | step ms | tokens/s | weights GB | KV GB | floor ms | roofline | host % | "
-          "transformers ms | speedup |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "relaunched ms | relaunched roofline | transformers ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in ours["decode"]:
         hf = reference.get(row["batch"])
         hf_text = f"{hf:.1f} | {hf / row['step_ms']:.2f}x" if hf else "- | -"
         print(f"| {row['batch']} | {row['context']} | {row['step_ms']:.2f} | {row['tokens_per_s']:.0f} | "
               f"{row['weight_gb']:.2f} | {row['kv_gb']:.2f} | {row['floor_ms']:.2f} | "
-              f"{100 * row['roofline_fraction']:.1f}% | {percent_or_na(row['host_fraction'])} | {hf_text} |")
+              f"{100 * row['roofline_fraction']:.1f}% | {percent_or_na(row['host_fraction'])} | "
+              f"{row['relaunched_ms']:.2f} | {100 * row['relaunched_roofline_fraction']:.1f}% | {hf_text} |")
     if "transformers" in result:
         print(f"transformers eager prefill: {result['transformers']['prefill_tokens_per_s']:.0f} tokens/s")
 

@@ -268,6 +268,14 @@ def test_launch_option_out_of_range_is_refused_with_its_name(model_dir, field):
     assert message == f"{field} must be 0 (default) or 1 (off), got 5"
 
 
+def test_launch_ahead_out_of_range_is_refused_with_its_choices(model_dir):
+    default, status, handle, message = create_with_option(model_dir, "launch_ahead", 3)
+    assert default == native.LAUNCH_AHEAD_DEFAULT
+    assert status == native.STATUS_INVALID_ARGUMENT
+    assert not handle
+    assert message == "launch_ahead must be 0 (default), 1 (off) or 2 (always), got 3"
+
+
 def test_all_reduce_out_of_range_is_refused_with_its_choices(model_dir):
     default, status, handle, message = create_with_option(model_dir, "all_reduce", 7)
     assert default == native.ALL_REDUCE_AUTO

@@ -59,4 +59,5 @@ void glmrt_engine_options_default(glmrt_engine_options *options)
     options->dependent_launches = GLMRT_DEPENDENT_LAUNCHES_DEFAULT;
     options->all_reduce = GLMRT_ALL_REDUCE_AUTO;
     options->expert_split = GLMRT_EXPERT_SPLIT_WHOLE;
+    options->launch_ahead = GLMRT_LAUNCH_AHEAD_DEFAULT;
 }

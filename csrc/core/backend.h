@@ -31,6 +31,7 @@ typedef struct glmrt_step_batch {
     const int32_t *sample_seq;
     const int32_t *sample_token_index;
     const glmrt_step_sample *samples;
+    const int32_t *token_feed;
 } glmrt_step_batch;
 
 typedef struct glmrt_step_report {
@@ -45,6 +46,7 @@ typedef struct glmrt_backend_ops {
     glmrt_status (*launch)(void *state, const glmrt_step_batch *batch, float *out_logits,
                            glmrt_token *out_sampled);
     glmrt_status (*complete)(void *state, glmrt_step_report *out_report);
+    int32_t (*feeds_sampled_tokens)(void *state);
     int32_t launch_is_asynchronous;
 } glmrt_backend_ops;
 

@@ -63,6 +63,13 @@ static glmrt_status validate_options(const glmrt_engine_options *o, glmrt_error 
                                GLMRT_ALL_REDUCE_NCCL, GLMRT_ALL_REDUCE_PEER, GLMRT_ALL_REDUCE_AUTO,
                                GLMRT_ALL_REDUCE_PEER_BF16, o->all_reduce);
     }
+    if (o->launch_ahead != GLMRT_LAUNCH_AHEAD_DEFAULT && o->launch_ahead != GLMRT_LAUNCH_AHEAD_OFF &&
+        o->launch_ahead != GLMRT_LAUNCH_AHEAD_ALWAYS) {
+        return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT,
+                               "launch_ahead must be %d (default), %d (off) or %d (always), got %d",
+                               GLMRT_LAUNCH_AHEAD_DEFAULT, GLMRT_LAUNCH_AHEAD_OFF, GLMRT_LAUNCH_AHEAD_ALWAYS,
+                               o->launch_ahead);
+    }
     glmrt_status split_checked = glmrt_expert_split_check(o->expert_split, error);
     if (split_checked != GLMRT_OK) {
         return split_checked;
@@ -112,6 +119,7 @@ void glmrt_engine_free(glmrt_engine *engine)
     }
     engine->backend_state = NULL;
     glmrt_step_scratch_free(&engine->scratch);
+    glmrt_step_scratch_free(&engine->ahead_scratch);
     glmrt_kv_pages_free(&engine->kv_pages);
     glmrt_weights_free(&engine->weights);
     if (engine->has_checkpoint) {
@@ -174,6 +182,11 @@ static glmrt_status build_engine(glmrt_engine *engine, const char *model_dir)
     engine->info.all_reduce = GLMRT_ALL_REDUCE_NONE;
     if (status == GLMRT_OK) status = engine->backend_ops->create(engine, &engine->backend_state);
     if (status == GLMRT_OK && engine->kv_pages.num_pages == 0) status = init_kv_pages(engine);
+    if (status == GLMRT_OK && glmrt_step_launch_ahead_possible(engine)) {
+        status = glmrt_step_scratch_init(&engine->ahead_scratch, engine->options.max_batch,
+                                         engine->options.max_tokens_per_step, 0, &engine->error);
+        engine->info.launch_ahead = status == GLMRT_OK;
+    }
     if (status != GLMRT_OK) {
         return status;
     }
@@ -194,6 +207,10 @@ static glmrt_status build_engine(glmrt_engine *engine, const char *model_dir)
     engine->info.workspace_bytes += glmrt_step_scratch_bytes(engine->options.max_batch,
                                                              engine->options.max_tokens_per_step,
                                                              engine->config.vocab_size);
+    if (engine->info.launch_ahead) {
+        engine->info.workspace_bytes += glmrt_step_scratch_bytes(engine->options.max_batch,
+                                                                 engine->options.max_tokens_per_step, 0);
+    }
     return GLMRT_OK;
 }
 
@@ -261,6 +278,7 @@ glmrt_status glmrt_engine_get_stats(glmrt_engine *engine, glmrt_engine_stats *ou
     out_stats->step_gap_ns = engine->step_gaps.total_ns;
     out_stats->step_gaps = engine->step_gaps.count;
     out_stats->rows_owned_steps = engine->rows_owned_steps;
+    out_stats->steps_launched_ahead = engine->steps_launched_ahead;
     return GLMRT_OK;
 }
 

@@ -26,6 +26,8 @@ typedef struct glmrt_step_scratch {
     glmrt_step_sample *samples;
     int32_t *sample_seq;
     int32_t *sample_token_index;
+    int32_t *token_feed;
+    int32_t *seq_discard;
     glmrt_token *sampled;
     float *logits;
     int64_t step_prefix_queries;
@@ -36,6 +38,7 @@ typedef struct glmrt_step_flight {
     int32_t active;
     int32_t num_requests;
     int32_t num_seqs;
+    glmrt_step_scratch *scratch;
     glmrt_step_batch batch;
 } glmrt_step_flight;
 
@@ -59,15 +62,19 @@ struct glmrt_engine {
     int64_t prefix_cache_hits;
     int64_t device_forward_ns;
     int64_t rows_owned_steps;
+    int64_t steps_launched_ahead;
     glmrt_step_gaps step_gaps;
     glmrt_step_scratch scratch;
+    glmrt_step_scratch ahead_scratch;
     glmrt_step_flight flight;
+    glmrt_step_flight draining;
     const glmrt_backend_ops *backend_ops;
     void *backend_state;
     glmrt_engine_info info;
 };
 
 void glmrt_step_abandon(glmrt_engine *engine);
+int glmrt_step_launch_ahead_possible(const glmrt_engine *engine);
 
 static inline glmrt_status glmrt_engine_require_no_flight(glmrt_engine *engine, const char *action)
 {

@@ -24,6 +24,8 @@ void glmrt_step_scratch_free(glmrt_step_scratch *scratch)
     free(scratch->samples);
     free(scratch->sample_seq);
     free(scratch->sample_token_index);
+    free(scratch->token_feed);
+    free(scratch->seq_discard);
     free(scratch->sampled);
     free(scratch->logits);
     memset(scratch, 0, sizeof(*scratch));
@@ -54,14 +56,17 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
     scratch->samples = calloc(batch, sizeof(glmrt_step_sample));
     scratch->sample_seq = calloc(batch, sizeof(int32_t));
     scratch->sample_token_index = calloc(batch, sizeof(int32_t));
+    scratch->token_feed = calloc(tokens, sizeof(int32_t));
+    scratch->seq_discard = calloc(batch, sizeof(int32_t));
     scratch->sampled = calloc(batch, sizeof(glmrt_token));
-    scratch->logits = calloc(batch * (size_t)vocab_size, sizeof(float));
+    scratch->logits = vocab_size > 0 ? calloc(batch * (size_t)vocab_size, sizeof(float)) : NULL;
     if (!scratch->sorted_requests || !scratch->flight_requests || !scratch->relaunch_requests || !scratch->token_ids || !scratch->positions || !scratch->token_seq || !scratch->seq_requests ||
         !scratch->seq_batch_index || !scratch->seq_token_start || !scratch->seq_num_tokens ||
         !scratch->seq_context_len || !scratch->seq_page_tables || !scratch->seq_new_pages || !scratch->seq_num_pages || !scratch->seq_hit_pages ||
         !scratch->request_computed ||
         !scratch->samples || !scratch->sample_seq ||
-        !scratch->sample_token_index || !scratch->sampled || !scratch->logits) {
+        !scratch->sample_token_index || !scratch->token_feed || !scratch->seq_discard || !scratch->sampled ||
+        (vocab_size > 0 && !scratch->logits)) {
         glmrt_step_scratch_free(scratch);
         return glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY,
                                "cannot allocate step scratch for batch %d, %d tokens, vocabulary %d", max_batch,
@@ -72,7 +77,7 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
 
 int64_t glmrt_step_scratch_bytes(int32_t max_batch, int32_t max_tokens, int32_t vocab_size)
 {
-    int64_t per_token = 3 * 4;
-    int64_t per_seq = (int64_t)sizeof(void *) * 5 + 12 * 4 + (int64_t)sizeof(glmrt_step_sample);
+    int64_t per_token = 4 * 4;
+    int64_t per_seq = (int64_t)sizeof(void *) * 5 + 13 * 4 + (int64_t)sizeof(glmrt_step_sample);
     return per_token * max_tokens + per_seq * max_batch + (int64_t)max_batch * vocab_size * 4;
 }

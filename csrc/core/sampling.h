@@ -16,6 +16,7 @@ void glmrt_sampler_scratch_free(glmrt_sampler_scratch *scratch);
 
 glmrt_status glmrt_sampling_params_validate(const glmrt_sampling_params *params, int32_t vocab_size,
                                             glmrt_error *error);
+int glmrt_sampling_params_use_history(const glmrt_sampling_params *params);
 double glmrt_sampling_uniform(uint64_t seed, int64_t draw_index);
 glmrt_token glmrt_sample_row(const float *logits, int32_t vocab_size, const glmrt_sampling_params *params,
                              const glmrt_token *history, int32_t num_prompt_tokens, int32_t num_history,

@@ -101,3 +101,9 @@ glmrt_status glmrt_sampling_params_validate(const glmrt_sampling_params *params,
     }
     return status;
 }
+
+int glmrt_sampling_params_use_history(const glmrt_sampling_params *params)
+{
+    return params->repetition_penalty != 1.0f || params->frequency_penalty != 0.0f ||
+           params->presence_penalty != 0.0f;
+}

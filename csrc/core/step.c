@@ -2,6 +2,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "step_ahead.h"
 #include "step_plan.h"
 
 static glmrt_status check_step_outputs(glmrt_engine *engine, int32_t n, const int64_t *out_tokens,
@@ -26,9 +27,12 @@ static glmrt_status check_step_backend(glmrt_engine *engine, int want_logits)
     return GLMRT_OK;
 }
 
-static void release_sequence_pages(glmrt_engine *engine, int32_t s, int32_t fresh_taken)
+static void release_sequence_pages(glmrt_engine *engine, glmrt_step_scratch *scratch, int32_t s,
+                                   int32_t fresh_taken)
 {
-    glmrt_step_scratch *scratch = &engine->scratch;
+    if (scratch->seq_discard[s]) {
+        return;
+    }
     glmrt_request *request = scratch->seq_requests[s];
     glmrt_error ignored;
     request->num_pages -= fresh_taken;
@@ -42,10 +46,11 @@ static void release_sequence_pages(glmrt_engine *engine, int32_t s, int32_t fres
     }
 }
 
-static void release_step_pages(glmrt_engine *engine, int32_t num_seqs, int32_t num_allocated)
+void glmrt_step_release_pages(glmrt_engine *engine, glmrt_step_scratch *scratch, int32_t num_seqs,
+                              int32_t num_allocated)
 {
     for (int32_t s = num_seqs - 1; s >= 0; --s) {
-        release_sequence_pages(engine, s, s < num_allocated ? engine->scratch.seq_new_pages[s] : 0);
+        release_sequence_pages(engine, scratch, s, s < num_allocated ? scratch->seq_new_pages[s] : 0);
     }
 }
 
@@ -86,7 +91,7 @@ static glmrt_status allocate_step_pages(glmrt_engine *engine, int32_t num_seqs)
     for (int32_t s = 0; s < num_seqs; ++s) {
         glmrt_status status = acquire_prefix_hits(engine, s);
         if (status != GLMRT_OK) {
-            release_step_pages(engine, s, 0);
+            glmrt_step_release_pages(engine, scratch, s, 0);
             return status;
         }
     }
@@ -96,12 +101,32 @@ static glmrt_status allocate_step_pages(glmrt_engine *engine, int32_t num_seqs)
         glmrt_status status = glmrt_kv_pages_alloc(&engine->kv_pages, fresh, request->page_table + request->num_pages,
                                                    &engine->error);
         if (status != GLMRT_OK) {
-            release_step_pages(engine, num_seqs, s);
+            glmrt_step_release_pages(engine, scratch, num_seqs, s);
             return status;
         }
         request->num_pages += fresh;
     }
     return GLMRT_OK;
+}
+
+void glmrt_step_batch_point(glmrt_step_batch *batch, const glmrt_step_scratch *scratch, int32_t num_tokens,
+                            int32_t num_seqs, int32_t num_samples)
+{
+    memset(batch, 0, sizeof(*batch));
+    batch->num_tokens = num_tokens;
+    batch->token_ids = scratch->token_ids;
+    batch->positions = scratch->positions;
+    batch->token_seq = scratch->token_seq;
+    batch->num_seqs = num_seqs;
+    batch->seq_token_start = scratch->seq_token_start;
+    batch->seq_num_tokens = scratch->seq_num_tokens;
+    batch->seq_context_len = scratch->seq_context_len;
+    batch->seq_page_tables = (const glmrt_page_id *const *)scratch->seq_page_tables;
+    batch->seq_num_pages = scratch->seq_num_pages;
+    batch->num_samples = num_samples;
+    batch->sample_seq = scratch->sample_seq;
+    batch->sample_token_index = scratch->sample_token_index;
+    batch->samples = scratch->samples;
 }
 
 static void fill_step_batch(glmrt_engine *engine, int32_t num_seqs, glmrt_step_batch *batch)
@@ -117,6 +142,7 @@ static void fill_step_batch(glmrt_engine *engine, int32_t num_seqs, glmrt_step_b
         scratch->seq_context_len[s] = first + count;
         scratch->seq_page_tables[s] = request->page_table;
         scratch->seq_num_pages[s] = request->num_pages;
+        scratch->seq_discard[s] = 0;
         for (int32_t j = 0; j < count; ++j) {
             scratch->token_ids[num_tokens + j] = request->tokens[first + j];
             scratch->positions[num_tokens + j] = first + j;
@@ -134,26 +160,14 @@ static void fill_step_batch(glmrt_engine *engine, int32_t num_seqs, glmrt_step_b
             num_samples += 1;
         }
     }
-    batch->num_tokens = num_tokens;
-    batch->token_ids = scratch->token_ids;
-    batch->positions = scratch->positions;
-    batch->token_seq = scratch->token_seq;
-    batch->num_seqs = num_seqs;
-    batch->seq_token_start = scratch->seq_token_start;
-    batch->seq_num_tokens = scratch->seq_num_tokens;
-    batch->seq_context_len = scratch->seq_context_len;
-    batch->seq_page_tables = scratch->seq_page_tables;
-    batch->seq_num_pages = scratch->seq_num_pages;
-    batch->num_samples = num_samples;
-    batch->sample_seq = scratch->sample_seq;
-    batch->sample_token_index = scratch->sample_token_index;
-    batch->samples = scratch->samples;
+    glmrt_step_batch_point(batch, scratch, num_tokens, num_seqs, num_samples);
 }
 
-static glmrt_status check_sampled_tokens(glmrt_engine *engine, const glmrt_step_batch *batch)
+static glmrt_status check_sampled_tokens(glmrt_engine *engine, const glmrt_step_scratch *scratch,
+                                        const glmrt_step_batch *batch)
 {
     for (int32_t k = 0; k < batch->num_samples; ++k) {
-        glmrt_token token = engine->scratch.sampled[k];
+        glmrt_token token = scratch->sampled[k];
         if (token < 0 || token >= engine->config.vocab_size) {
             return glmrt_error_set(&engine->error, GLMRT_ERR_BACKEND,
                                    "backend %s sampled token %d outside the vocabulary of %d",
@@ -194,7 +208,7 @@ static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt
     status = engine->backend_ops->launch(engine->backend_state, batch, want_logits ? engine->scratch.logits : NULL,
                                          engine->scratch.sampled);
     if (status != GLMRT_OK) {
-        release_step_pages(engine, num_seqs, num_seqs);
+        glmrt_step_release_pages(engine, &engine->scratch, num_seqs, num_seqs);
     }
     return status;
 }
@@ -205,14 +219,14 @@ static glmrt_status finish_forward(glmrt_engine *engine, const glmrt_step_flight
     glmrt_status status = engine->backend_ops->complete(engine->backend_state, &report);
     engine->device_forward_ns += report.device_ns;
     engine->rows_owned_steps += report.rows_owned ? 1 : 0;
-    if (status == GLMRT_OK) status = check_sampled_tokens(engine, &flight->batch);
+    if (status == GLMRT_OK) status = check_sampled_tokens(engine, flight->scratch, &flight->batch);
     if (status != GLMRT_OK) {
-        release_step_pages(engine, flight->num_seqs, flight->num_seqs);
+        glmrt_step_release_pages(engine, flight->scratch, flight->num_seqs, flight->num_seqs);
     }
     return status;
 }
 
-static void mark_in_flight(glmrt_request *const *requests, int32_t n, int32_t in_flight)
+void glmrt_step_mark_in_flight(glmrt_request *const *requests, int32_t n, int32_t in_flight)
 {
     for (int32_t i = 0; i < n; ++i) {
         requests[i]->in_flight = in_flight;
@@ -260,38 +274,46 @@ static void register_full_pages(glmrt_engine *engine, glmrt_request *request)
     }
 }
 
-static void commit_step(glmrt_engine *engine, const glmrt_step_batch *batch)
+static void commit_step(glmrt_engine *engine, glmrt_step_scratch *scratch, const glmrt_step_batch *batch)
 {
-    glmrt_step_scratch *scratch = &engine->scratch;
+    int32_t committed_tokens = 0;
     for (int32_t s = 0; s < batch->num_seqs; ++s) {
+        if (scratch->seq_discard[s]) {
+            continue;
+        }
         scratch->seq_requests[s]->num_computed_tokens += scratch->seq_num_tokens[s];
         scratch->seq_requests[s]->last_step = engine->steps + 1;
         register_full_pages(engine, scratch->seq_requests[s]);
+        committed_tokens += scratch->seq_num_tokens[s];
     }
     engine->prefix_cache_queries += scratch->step_prefix_queries;
     engine->prefix_cache_hits += scratch->step_prefix_hits;
     scratch->step_prefix_queries = 0;
     scratch->step_prefix_hits = 0;
     for (int32_t k = 0; k < batch->num_samples; ++k) {
-        append_sampled_token(engine, scratch->seq_requests[batch->sample_seq[k]], scratch->sampled[k]);
+        if (!scratch->seq_discard[batch->sample_seq[k]]) {
+            append_sampled_token(engine, scratch->seq_requests[batch->sample_seq[k]], scratch->sampled[k]);
+        }
     }
-    engine->tokens_processed += batch->num_tokens;
-    if (batch->num_tokens > 0) {
+    engine->tokens_processed += committed_tokens;
+    if (committed_tokens > 0) {
         engine->steps += 1;
     }
 }
 
-static void write_outputs(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,
-                          const glmrt_step_batch *batch, int64_t *out_tokens, int32_t *out_finish_reasons,
+static void write_outputs(glmrt_engine *engine, const glmrt_step_scratch *scratch, glmrt_request *const *requests,
+                          int32_t n, const glmrt_step_batch *batch, int64_t *out_tokens, int32_t *out_finish_reasons,
                           float *out_logits)
 {
-    glmrt_step_scratch *scratch = &engine->scratch;
     int32_t vocab_size = engine->config.vocab_size;
     for (int32_t i = 0; i < n; ++i) {
         out_tokens[i] = -1;
         out_finish_reasons[i] = requests[i]->finish_reason;
     }
     for (int32_t k = 0; k < batch->num_samples; ++k) {
+        if (scratch->seq_discard[batch->sample_seq[k]]) {
+            continue;
+        }
         int32_t i = scratch->seq_batch_index[batch->sample_seq[k]];
         out_tokens[i] = scratch->sampled[k];
         if (out_logits != NULL) {
@@ -313,10 +335,24 @@ static void write_outputs(glmrt_engine *engine, glmrt_request *const *requests, 
     }
 }
 
+static glmrt_status drain_ahead(glmrt_engine *engine)
+{
+    glmrt_step_flight *draining = &engine->draining;
+    if (!draining->active) {
+        return GLMRT_OK;
+    }
+    draining->active = 0;
+    glmrt_step_report report = {0, 0};
+    glmrt_status status = engine->backend_ops->complete(engine->backend_state, &report);
+    engine->device_forward_ns += report.device_ns;
+    return status;
+}
+
 static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requests, int32_t n, int want_logits,
                                 const char *action)
 {
     glmrt_status status = glmrt_engine_require_no_flight(engine, action);
+    if (status == GLMRT_OK) status = drain_ahead(engine);
     if (status == GLMRT_OK) status = glmrt_step_check_batch(engine, requests, n);
     if (status == GLMRT_OK) status = check_step_backend(engine, want_logits);
     if (status != GLMRT_OK) {
@@ -336,6 +372,7 @@ static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requ
     }
     glmrt_step_flight *flight = &engine->flight;
     memset(&flight->batch, 0, sizeof(flight->batch));
+    flight->scratch = &engine->scratch;
     if (plan.num_scheduled_requests > 0) {
         status = launch_forward(engine, plan.num_scheduled_requests, &flight->batch, want_logits);
         if (status != GLMRT_OK) {
@@ -345,7 +382,7 @@ static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requ
     if (n > 0) {
         memcpy(engine->scratch.flight_requests, requests, (size_t)n * sizeof(*requests));
     }
-    mark_in_flight(engine->scratch.flight_requests, n, 1);
+    glmrt_step_mark_in_flight(engine->scratch.flight_requests, n, 1);
     flight->num_requests = n;
     flight->num_seqs = plan.num_scheduled_requests;
     flight->active = 1;
@@ -354,7 +391,7 @@ static glmrt_status launch_step(glmrt_engine *engine, glmrt_request *const *requ
 
 static void end_flight(glmrt_engine *engine)
 {
-    mark_in_flight(engine->scratch.flight_requests, engine->flight.num_requests, 0);
+    glmrt_step_mark_in_flight(engine->flight.scratch->flight_requests, engine->flight.num_requests, 0);
     engine->flight.active = 0;
 }
 
@@ -367,27 +404,32 @@ static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int
     if (status != GLMRT_OK) {
         return status;
     }
-    commit_step(engine, &flight->batch);
+    commit_step(engine, flight->scratch, &flight->batch);
     if (flight->num_seqs > 0) {
         engine->step_gaps.completed_at_ns = glmrt_monotonic_ns();
     }
-    write_outputs(engine, engine->scratch.flight_requests, flight->num_requests, &flight->batch, out_tokens,
-                  out_finish_reasons, out_logits);
+    write_outputs(engine, flight->scratch, flight->scratch->flight_requests, flight->num_requests, &flight->batch,
+                  out_tokens, out_finish_reasons, out_logits);
     return GLMRT_OK;
+}
+
+static void abandon_launched(glmrt_engine *engine, glmrt_step_flight *flight)
+{
+    if (flight->num_seqs > 0) {
+        glmrt_step_report report = {0, 0};
+        engine->backend_ops->complete(engine->backend_state, &report);
+        glmrt_step_release_pages(engine, flight->scratch, flight->num_seqs, flight->num_seqs);
+    }
 }
 
 void glmrt_step_abandon(glmrt_engine *engine)
 {
+    drain_ahead(engine);
     glmrt_step_flight *flight = &engine->flight;
-    if (!flight->active) {
-        return;
+    if (flight->active) {
+        abandon_launched(engine, flight);
+        end_flight(engine);
     }
-    if (flight->num_seqs > 0) {
-        glmrt_step_report report = {0, 0};
-        engine->backend_ops->complete(engine->backend_state, &report);
-        release_step_pages(engine, flight->num_seqs, flight->num_seqs);
-    }
-    end_flight(engine);
 }
 
 glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *requests, int32_t n)
@@ -398,12 +440,9 @@ glmrt_status glmrt_step_launch(glmrt_engine *engine, glmrt_request *const *reque
     return launch_step(engine, requests, n, 0, "step_launch");
 }
 
-glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
-                                 int32_t *out_finish_reasons, int32_t *out_count)
+static glmrt_status check_complete_call(glmrt_engine *engine, int32_t capacity, const int64_t *out_tokens,
+                                       const int32_t *out_finish_reasons, int32_t *out_count)
 {
-    if (engine == NULL) {
-        return GLMRT_ERR_INVALID_ARGUMENT;
-    }
     if (out_count == NULL) {
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "step_complete: count output is NULL");
     }
@@ -417,7 +456,17 @@ glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t
         return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
                                "step_complete: the step in flight has %d requests, the outputs hold %d", n, capacity);
     }
-    glmrt_status status = check_step_outputs(engine, n, out_tokens, out_finish_reasons);
+    return check_step_outputs(engine, n, out_tokens, out_finish_reasons);
+}
+
+glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
+                                 int32_t *out_finish_reasons, int32_t *out_count)
+{
+    if (engine == NULL) {
+        return GLMRT_ERR_INVALID_ARGUMENT;
+    }
+    int32_t n = engine->flight.num_requests;
+    glmrt_status status = check_complete_call(engine, capacity, out_tokens, out_finish_reasons, out_count);
     if (status == GLMRT_OK) status = complete_step(engine, out_tokens, out_finish_reasons, NULL);
     if (status == GLMRT_OK) {
         *out_count = n;
@@ -427,7 +476,7 @@ glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t
 
 static int32_t collect_unfinished(glmrt_engine *engine, int32_t n)
 {
-    glmrt_request *const *completed = engine->scratch.flight_requests;
+    glmrt_request *const *completed = engine->flight.scratch->flight_requests;
     glmrt_request **next = engine->scratch.relaunch_requests;
     int32_t count = 0;
     for (int32_t i = 0; i < n; ++i) {
@@ -436,6 +485,28 @@ static int32_t collect_unfinished(glmrt_engine *engine, int32_t n)
         }
     }
     return count;
+}
+
+static void adopt_ahead(glmrt_engine *engine, glmrt_step_flight *ahead)
+{
+    glmrt_step_scratch *scratch = ahead->scratch;
+    int32_t count = 0;
+    for (int32_t s = 0; s < ahead->num_seqs; ++s) {
+        glmrt_request *request = scratch->seq_requests[s];
+        scratch->seq_discard[s] = glmrt_request_is_finished(request);
+        if (!scratch->seq_discard[s]) {
+            scratch->seq_batch_index[s] = count;
+            scratch->flight_requests[count++] = request;
+        }
+    }
+    ahead->active = 1;
+    ahead->num_requests = count;
+    if (count == 0) {
+        engine->draining = *ahead;
+        return;
+    }
+    engine->flight = *ahead;
+    glmrt_step_mark_in_flight(scratch->flight_requests, count, 1);
 }
 
 glmrt_status glmrt_step_complete_relaunch(glmrt_engine *engine, int32_t capacity, int64_t *out_tokens,
@@ -450,9 +521,25 @@ glmrt_status glmrt_step_complete_relaunch(glmrt_engine *engine, int32_t capacity
     }
     *out_relaunched = 0;
     int32_t n = engine->flight.num_requests;
-    glmrt_status status = glmrt_step_complete(engine, capacity, out_tokens, out_finish_reasons, out_count);
+    glmrt_status status = check_complete_call(engine, capacity, out_tokens, out_finish_reasons, out_count);
     if (status != GLMRT_OK) {
         return status;
+    }
+    glmrt_step_flight ahead;
+    memset(&ahead, 0, sizeof(ahead));
+    int launched_ahead = glmrt_step_ahead_eligible(engine) && glmrt_step_ahead_launch(engine, &ahead) == GLMRT_OK;
+    status = complete_step(engine, out_tokens, out_finish_reasons, NULL);
+    if (status != GLMRT_OK) {
+        if (launched_ahead) {
+            abandon_launched(engine, &ahead);
+        }
+        return status;
+    }
+    *out_count = n;
+    if (launched_ahead) {
+        adopt_ahead(engine, &ahead);
+        *out_relaunched = engine->flight.active;
+        return GLMRT_OK;
     }
     int32_t next = collect_unfinished(engine, n);
     if (next > 0 && launch_step(engine, engine->scratch.relaunch_requests, next, 0, "step_complete_relaunch") ==

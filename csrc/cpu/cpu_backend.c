@@ -289,5 +289,6 @@ const glmrt_backend_ops glmrt_cpu_backend_ops = {
     cpu_backend_destroy,
     cpu_backend_launch,
     cpu_backend_complete,
+    NULL,
     0,
 };

@@ -15,7 +15,7 @@ static void glmrt_cuda_fill_info(glmrt_cuda_group *group)
         info->workspace_bytes += st->workspace_bytes + st->peer.bytes + st->ordered.bytes;
         info->kv_bytes_per_page += st->kv_bytes_per_page;
     }
-    info->workspace_bytes += group->ranks[0]->step_input_bytes;
+    info->workspace_bytes += group->ranks[0]->step_input_bytes * group->num_input_buffers;
     info->num_decode_graphs = group->ranks[0]->graphs.count;
     info->decode_graph_bytes = group->ranks[0]->graphs.bytes;
     info->num_devices = group->num_ranks;
@@ -50,6 +50,11 @@ static glmrt_status glmrt_cuda_launch_op(void *state, const glmrt_step_batch *ba
     return glmrt_cuda_group_launch((glmrt_cuda_group *)state, batch, out_logits, out_sampled);
 }
 
+static int32_t glmrt_cuda_feeds_sampled_tokens_op(void *state)
+{
+    return state != nullptr && glmrt_cuda_group_feeds_sampled_tokens((const glmrt_cuda_group *)state);
+}
+
 static glmrt_status glmrt_cuda_complete_op(void *state, glmrt_step_report *out_report)
 {
     if (state == nullptr) {
@@ -64,5 +69,6 @@ extern "C" const glmrt_backend_ops glmrt_cuda_backend_ops = {
     glmrt_cuda_destroy,
     glmrt_cuda_launch_op,
     glmrt_cuda_complete_op,
+    glmrt_cuda_feeds_sampled_tokens_op,
     1,
 };

@@ -59,6 +59,12 @@ enum glmrt_dependent_launches {
     GLMRT_DEPENDENT_LAUNCHES_OFF = 1
 };
 
+enum glmrt_launch_ahead {
+    GLMRT_LAUNCH_AHEAD_DEFAULT = 0,
+    GLMRT_LAUNCH_AHEAD_OFF = 1,
+    GLMRT_LAUNCH_AHEAD_ALWAYS = 2
+};
+
 enum glmrt_all_reduce {
     GLMRT_ALL_REDUCE_NONE = -1,
     GLMRT_ALL_REDUCE_NCCL = 0,
@@ -128,6 +134,7 @@ typedef struct glmrt_engine_options {
     int32_t dependent_launches;
     int32_t all_reduce;
     int32_t expert_split;
+    int32_t launch_ahead;
 } glmrt_engine_options;
 
 typedef struct glmrt_rank_info {
@@ -178,6 +185,7 @@ typedef struct glmrt_engine_stats {
     int64_t step_gap_ns;
     int64_t step_gaps;
     int64_t rows_owned_steps;
+    int64_t steps_launched_ahead;
 } glmrt_engine_stats;
 
 typedef struct glmrt_engine_info {
@@ -200,6 +208,7 @@ typedef struct glmrt_engine_info {
     int64_t decode_graph_bytes;
     int32_t asynchronous_launch;
     int32_t all_reduce;
+    int32_t launch_ahead;
     char device_name[128];
 } glmrt_engine_info;
 

@@ -18,6 +18,8 @@ ALL_REDUCES = {"nccl": native.ALL_REDUCE_NCCL, "peer": native.ALL_REDUCE_PEER, "
 
 ALL_REDUCE_NAMES = {number: name for name, number in ALL_REDUCES.items() if name != "auto"}
 EXPERT_SPLITS = native.EXPERT_SPLITS
+LAUNCH_AHEAD = {"auto": native.LAUNCH_AHEAD_DEFAULT, "off": native.LAUNCH_AHEAD_OFF,
+                "always": native.LAUNCH_AHEAD_ALWAYS}
 
 
 def all_reduce_name(value):
@@ -56,6 +58,7 @@ class EngineStats:
     step_gap_ns: int
     step_gaps: int
     rows_owned_steps: int
+    steps_launched_ahead: int
 
     @property
     def kv_pages_in_use(self):
@@ -87,6 +90,7 @@ class EngineInfo:
     decode_graph_bytes: int
     asynchronous_launch: int
     all_reduce: int
+    launch_ahead: int
     device_name: str
 
 
@@ -150,7 +154,7 @@ class Engine:
                  kv_page_size=16, kv_num_pages=1024, max_context=0, device_id=0, num_devices=1, kv_memory_fraction=0.9,
                  random_weights=False, random_seed=0, num_hidden_layers=None, config=None, enable_prefix_caching=True,
                  matmul_precision="default", decode_graphs=True,
-                 dependent_launches=True, all_reduce="auto", expert_split="whole"):
+                 dependent_launches=True, all_reduce="auto", expert_split="whole", launch_ahead="auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
         if matmul_precision not in MATMUL_PRECISIONS:
@@ -159,6 +163,8 @@ class Engine:
             raise ValueError(f"all_reduce must be one of {sorted(ALL_REDUCES)}, got {all_reduce!r}")
         if expert_split not in EXPERT_SPLITS:
             raise ValueError(f"expert_split must be one of {sorted(EXPERT_SPLITS)}, got {expert_split!r}")
+        if launch_ahead not in LAUNCH_AHEAD:
+            raise ValueError(f"launch_ahead must be one of {sorted(LAUNCH_AHEAD)}, got {launch_ahead!r}")
         self.backend = backend
         self.model_dir = str(model_dir)
         self.config = config if config is not None else load_model_config(model_dir,
@@ -185,6 +191,7 @@ class Engine:
                                       else native.DEPENDENT_LAUNCHES_OFF)
         options.all_reduce = ALL_REDUCES[all_reduce]
         options.expert_split = EXPERT_SPLITS[expert_split]
+        options.launch_ahead = LAUNCH_AHEAD[launch_ahead]
         self._native_config = native_model_config(self.config)
         handle = native.engine_p()
         message = ctypes.create_string_buffer(native.GLMRT_ERROR_MESSAGE_CAPACITY)

@@ -18,6 +18,9 @@ DECODE_GRAPHS_DEFAULT = 0
 DECODE_GRAPHS_OFF = 1
 DEPENDENT_LAUNCHES_DEFAULT = 0
 DEPENDENT_LAUNCHES_OFF = 1
+LAUNCH_AHEAD_DEFAULT = 0
+LAUNCH_AHEAD_OFF = 1
+LAUNCH_AHEAD_ALWAYS = 2
 ALL_REDUCE_NONE = -1
 ALL_REDUCE_NCCL = 0
 ALL_REDUCE_PEER = 1
@@ -93,6 +96,7 @@ class EngineOptionsStruct(ctypes.Structure):
         ("dependent_launches", ctypes.c_int32),
         ("all_reduce", ctypes.c_int32),
         ("expert_split", ctypes.c_int32),
+        ("launch_ahead", ctypes.c_int32),
     ]
 
 
@@ -137,6 +141,7 @@ class EngineStatsStruct(ctypes.Structure):
         ("step_gap_ns", ctypes.c_int64),
         ("step_gaps", ctypes.c_int64),
         ("rows_owned_steps", ctypes.c_int64),
+        ("steps_launched_ahead", ctypes.c_int64),
     ]
 
 
@@ -161,6 +166,7 @@ class EngineInfoStruct(ctypes.Structure):
         ("decode_graph_bytes", ctypes.c_int64),
         ("asynchronous_launch", ctypes.c_int32),
         ("all_reduce", ctypes.c_int32),
+        ("launch_ahead", ctypes.c_int32),
         ("device_name", ctypes.c_char * 128),
     ]
 

@@ -53,8 +53,13 @@ class ServerMetrics:
                                         "Steps in which each GPU reduced, normalised and routed only its own rows "
                                         "between the halves of the BF16 all-reduce.", labels,
                                         registry=self.registry).labels(model_name)
+        self.steps_launched_ahead = Counter("glmrt:steps_launched_ahead",
+                                            "Decode steps launched before the step they continue had completed, "
+                                            "their tokens fed on the device.", labels,
+                                            registry=self.registry).labels(model_name)
         self.seen_device_forward_ns = 0
         self.seen_rows_owned_steps = 0
+        self.seen_steps_launched_ahead = 0
         self.seen_step_gap_ns = 0
         self.seen_step_gaps = 0
         self.seen_prefix_queries = 0
@@ -114,6 +119,8 @@ class ServerMetrics:
         self.seen_step_gaps = stats.step_gaps
         self.rows_owned_steps.inc(max(0, stats.rows_owned_steps - self.seen_rows_owned_steps))
         self.seen_rows_owned_steps = stats.rows_owned_steps
+        self.steps_launched_ahead.inc(max(0, stats.steps_launched_ahead - self.seen_steps_launched_ahead))
+        self.seen_steps_launched_ahead = stats.steps_launched_ahead
 
     def set_queue_sizes(self, running, waiting):
         self.num_requests_running.set(running)

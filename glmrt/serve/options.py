@@ -91,6 +91,12 @@ def add_engine_options(parser):
                             "experts, a contiguous share of them) or columns (each GPU holds its share of every "
                             "expert's intermediate columns, as the shared expert is split, so one token's experts "
                             "load every GPU alike)")
+    group.add_argument("--launch-ahead", choices=("auto", "off", "always"), default="auto",
+                       help="a relaunched decode step is launched before the step it continues has completed, its "
+                            "tokens taken on the device from that step's sampler, so the device never waits for "
+                            "the host between steps: auto (the default: where the backend launches asynchronously "
+                            "and feeds tokens on the device, the CUDA backend on one GPU), off, or always (also on "
+                            "backends whose launch is the forward pass; for tests)")
     return group
 
 
@@ -175,7 +181,7 @@ def engine_kwargs(args):
                   num_hidden_layers=args.num_layers, enable_prefix_caching=args.prefix_caching,
                   matmul_precision=args.matmul_precision, decode_graphs=args.decode_graphs,
                   dependent_launches=args.dependent_launches, all_reduce=args.all_reduce,
-                  expert_split=args.expert_split)
+                  expert_split=args.expert_split, launch_ahead=args.launch_ahead)
     if args.kv_pages is not None:
         kwargs["kv_num_pages"] = args.kv_pages
     elif args.backend == "cuda":

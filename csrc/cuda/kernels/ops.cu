@@ -29,10 +29,14 @@ __device__ __forceinline__ void glmrt_embed_bf16_row(const uint16_t *row, int32_
     }
 }
 
-__global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token_ids, float *out)
+__global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token_ids, const int32_t *fed_tokens,
+                                   float *out)
 {
     glmrt_dependent_enter();
     int32_t token = token_ids[blockIdx.x];
+    if (token < 0 && fed_tokens != nullptr) {
+        token = fed_tokens[glmrt_fed_token_index(token)];
+    }
     float *row_out = out + (int64_t)blockIdx.x * embed.cols;
     if (token < 0 || token >= embed.rows) {
         for (int32_t i = threadIdx.x; i < embed.cols; i += blockDim.x) {
@@ -63,15 +67,15 @@ __global__ void glmrt_embed_kernel(glmrt_cuda_matrix embed, const int32_t *token
     }
 }
 
-glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *token_ids, int32_t num_tokens,
-                              float *out, cudaStream_t stream, glmrt_error *error)
+glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *token_ids, const int32_t *fed_tokens,
+                              int32_t num_tokens, float *out, cudaStream_t stream, glmrt_error *error)
 {
     if (num_tokens <= 0) {
         return GLMRT_OK;
     }
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, num_tokens, GLMRT_EMBED_THREADS, 0, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_embed_kernel, *embed, token_ids, out));
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_embed_kernel, *embed, token_ids, fed_tokens, out));
     return GLMRT_OK;
 }
 

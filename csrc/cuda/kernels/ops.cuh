@@ -37,8 +37,18 @@ typedef struct glmrt_cuda_rope_args {
     int32_t layer;
 } glmrt_cuda_rope_args;
 
-glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *token_ids, int32_t num_tokens,
-                              float *out, cudaStream_t stream, glmrt_error *error);
+__host__ __device__ __forceinline__ int32_t glmrt_fed_token_code(int32_t sample_index)
+{
+    return -1 - sample_index;
+}
+
+__host__ __device__ __forceinline__ int32_t glmrt_fed_token_index(int32_t code)
+{
+    return -1 - code;
+}
+
+glmrt_status glmrt_cuda_embed(const glmrt_cuda_matrix *embed, const int32_t *token_ids, const int32_t *fed_tokens,
+                              int32_t num_tokens, float *out, cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_silu_mul(const float *gate_up, int32_t width, int32_t num_rows, const int32_t *device_rows,
                                  float *out, cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStream_t stream, glmrt_error *error);

@@ -238,8 +238,17 @@ __device__ unsigned long long glmrt_block_max_key(unsigned long long key, unsign
     return key;
 }
 
+__device__ __forceinline__ void glmrt_sample_emit(const glmrt_cuda_sample_args &args, int32_t row, int32_t token)
+{
+    args.out_tokens[row] = token;
+    if (args.host_tokens != nullptr) {
+        args.host_tokens[row] = token;
+        __threadfence_system();
+    }
+}
+
 __device__ void glmrt_slice_argmax(const float *values, int32_t vocab, glmrt_cuda_sampler &sampler, int32_t row,
-                                   int32_t *out_token, unsigned long long *warp_keys)
+                                   const glmrt_cuda_sample_args &args, unsigned long long *warp_keys)
 {
     const int32_t slice = glmrt_ceil_div(vocab, (int32_t)gridDim.y);
     const int32_t begin = (int32_t)blockIdx.y * slice;
@@ -265,7 +274,7 @@ __device__ void glmrt_slice_argmax(const float *values, int32_t vocab, glmrt_cud
         __threadfence();
         unsigned long long key = atomicExch(&sampler.argmax_keys[row], 0ull);
         sampler.argmax_arrivals[row] = 0u;
-        *out_token = glmrt_argmax_token(key);
+        glmrt_sample_emit(args, row, glmrt_argmax_token(key));
     }
 }
 
@@ -298,7 +307,7 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     const glmrt_cuda_sample_params p = args.params[row];
     if (p.temperature == 0.0f || !args.needs_sort) {
         const float *source = glmrt_sample_reads_logits(p, args.needs_sort) ? args.logits : sampler.values;
-        glmrt_slice_argmax(source + (int64_t)row * vocab, vocab, sampler, row, &args.out_tokens[row], warp_keys);
+        glmrt_slice_argmax(source + (int64_t)row * vocab, vocab, sampler, row, args, warp_keys);
         return;
     }
     if (blockIdx.y != 0) {
@@ -314,7 +323,7 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     __syncthreads();
     if (count == 0) {
         if (threadIdx.x == 0) {
-            args.out_tokens[row] = 0;
+            glmrt_sample_emit(args, row, 0);
         }
         return;
     }
@@ -357,7 +366,7 @@ __global__ void __launch_bounds__(GLMRT_SAMPLE_THREADS)
     int32_t chosen = glmrt_block_first_crossing(length, weight, target, false, &shared, &broadcast_int);
     if (threadIdx.x == 0) {
         int32_t position = chosen != GLMRT_NO_CROSSING ? chosen : length - 1;
-        args.out_tokens[row] = ids[position];
+        glmrt_sample_emit(args, row, ids[position]);
     }
 }
 

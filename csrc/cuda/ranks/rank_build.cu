@@ -25,12 +25,15 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     cudaFree(st->weight_memory);
     cudaFree(st->workspace_memory);
     cudaFree(st->kv_memory);
-    cudaFreeHost(st->host_sampled);
-    if (st->step_started != nullptr) {
-        cudaEventDestroy(st->step_started);
-    }
-    if (st->step_finished != nullptr) {
-        cudaEventDestroy(st->step_finished);
+    for (int32_t f = 0; f < GLMRT_CUDA_FLIGHTS; ++f) {
+        glmrt_cuda_flight *flight = &st->flights[f];
+        cudaFreeHost(flight->host_sampled);
+        if (flight->started != nullptr) {
+            cudaEventDestroy(flight->started);
+        }
+        if (flight->finished != nullptr) {
+            cudaEventDestroy(flight->finished);
+        }
     }
     if (st->shared_stream != nullptr) {
         cudaStreamSynchronize(st->shared_stream);
@@ -50,9 +53,9 @@ void glmrt_cuda_rank_release(glmrt_cuda_state *st)
     st->weight_memory = nullptr;
     st->workspace_memory = nullptr;
     st->kv_memory = nullptr;
-    st->host_sampled = nullptr;
-    st->step_started = nullptr;
-    st->step_finished = nullptr;
+    memset(st->flights, 0, sizeof(st->flights));
+    st->flight_head = 0;
+    st->flights_queued = 0;
     st->stream = nullptr;
     st->shared_stream = nullptr;
     st->shared_fork = nullptr;
@@ -246,10 +249,15 @@ glmrt_status glmrt_cuda_rank_allocate(glmrt_cuda_state *st, int32_t kv_pages)
     st->kv.page_elements = 2 * (int64_t)d->num_kv_heads * st->kv.head_elements;
     st->kv.layer_elements = st->kv.page_elements * ((int64_t)st->kv_num_pages + 1);
     st->step_input_bytes = glmrt_cuda_step_capacity_bytes(&st->capacity);
-    GLMRT_CUDA_TRY(st->error, cudaHostAlloc((void **)&st->host_sampled, (size_t)d->max_batch * sizeof(int32_t),
-                                            cudaHostAllocDefault));
-    GLMRT_CUDA_TRY(st->error, cudaEventCreate(&st->step_started));
-    GLMRT_CUDA_TRY(st->error, cudaEventCreate(&st->step_finished));
+    for (int32_t f = 0; f < GLMRT_CUDA_FLIGHTS; ++f) {
+        glmrt_cuda_flight *flight = &st->flights[f];
+        GLMRT_CUDA_TRY(st->error, cudaHostAlloc((void **)&flight->host_sampled,
+                                                (size_t)d->max_batch * sizeof(int32_t),
+                                                cudaHostAllocPortable | cudaHostAllocMapped));
+        GLMRT_TRY(glmrt_cuda_host_mapped_check(flight->host_sampled, "sampled tokens", st->error));
+        GLMRT_CUDA_TRY(st->error, cudaEventCreate(&flight->started));
+        GLMRT_CUDA_TRY(st->error, cudaEventCreate(&flight->finished));
+    }
     if (d->samples) {
         GLMRT_TRY(glmrt_cuda_sampler_init(&st->ws.sampler, st->stream, st->error));
     }

@@ -405,16 +405,16 @@ static glmrt_status glmrt_group_capture_decode_graphs(glmrt_cuda_group *group)
     if (!glmrt_cuda_decode_graphs_wanted(first)) {
         return GLMRT_OK;
     }
-    GLMRT_TRY(glmrt_cuda_decode_graphs_pack_warm_up(first, group->host_step_inputs, &group->step_counts,
+    GLMRT_TRY(glmrt_cuda_decode_graphs_pack_warm_up(first, group->host_step_inputs[0], &group->step_counts,
                                                     &group->engine->error));
     if (group->num_ranks == 1) {
-        return glmrt_cuda_decode_graphs_capture(first, &group->step_counts, group->host_step_inputs);
+        return glmrt_cuda_decode_graphs_capture(first, &group->step_counts, group->host_step_inputs[0]);
     }
     glmrt_rank_work work;
     memset(&work, 0, sizeof(work));
     work.job = GLMRT_RANK_JOB_CAPTURE;
     work.counts = &group->step_counts;
-    work.host_inputs = group->host_step_inputs;
+    work.host_inputs = group->host_step_inputs[0];
     return glmrt_group_dispatch(group, &work);
 }
 
@@ -455,8 +455,13 @@ static glmrt_status glmrt_group_allocate(glmrt_cuda_group *group)
     glmrt_group_agree_on_owned_rows(group);
     glmrt_cuda_state *first = group->ranks[0];
     GLMRT_CUDA_TRY(&engine->error, cudaSetDevice(first->device));
-    GLMRT_CUDA_TRY(&engine->error, cudaHostAlloc((void **)&group->host_step_inputs, (size_t)first->step_input_bytes,
-                                                 cudaHostAllocPortable));
+    group->num_input_buffers = group->num_ranks == 1 ? GLMRT_CUDA_FLIGHTS : 1;
+    for (int32_t b = 0; b < group->num_input_buffers; ++b) {
+        GLMRT_CUDA_TRY(&engine->error, cudaHostAlloc((void **)&group->host_step_inputs[b],
+                                                     (size_t)first->step_input_bytes,
+                                                     cudaHostAllocPortable | cudaHostAllocMapped));
+        GLMRT_TRY(glmrt_cuda_host_mapped_check(group->host_step_inputs[b], "step inputs", &engine->error));
+    }
     return glmrt_group_capture_decode_graphs(group);
 }
 
@@ -548,8 +553,10 @@ void glmrt_cuda_group_destroy(glmrt_cuda_group *group)
         cudaGetLastError();
         free(st);
     }
-    if (group->host_step_inputs != nullptr) {
-        cudaFreeHost(group->host_step_inputs);
+    for (int32_t b = 0; b < GLMRT_CUDA_FLIGHTS; ++b) {
+        if (group->host_step_inputs[b] != nullptr) {
+            cudaFreeHost(group->host_step_inputs[b]);
+        }
     }
     if (group->peer_abort != nullptr) {
         cudaFreeHost(group->peer_abort);
@@ -582,11 +589,24 @@ static glmrt_status glmrt_group_check_usable(glmrt_cuda_group *group)
                                "the GPUs fell out of step in an earlier step and the engine must be recreated: %s",
                                group->failure);
     }
-    if (group->launched) {
+    if (group->launched >= group->num_input_buffers) {
         return glmrt_error_set(&group->engine->error, GLMRT_ERR_INVARIANT,
-                               "a CUDA step is already in flight; complete it before launching another");
+                               "%d CUDA steps are already in flight; complete one before launching another",
+                               group->launched);
     }
     return GLMRT_OK;
+}
+
+int32_t glmrt_cuda_group_feeds_sampled_tokens(const glmrt_cuda_group *group)
+{
+    return group->num_ranks == 1 && group->num_input_buffers == GLMRT_CUDA_FLIGHTS;
+}
+
+static uint8_t *glmrt_group_take_inputs(glmrt_cuda_group *group)
+{
+    uint8_t *inputs = group->host_step_inputs[group->next_input_buffer];
+    group->next_input_buffer = (group->next_input_buffer + 1) % group->num_input_buffers;
+    return inputs;
 }
 
 static void glmrt_group_mark_failed(glmrt_cuda_group *group)
@@ -607,28 +627,27 @@ glmrt_status glmrt_cuda_group_launch(glmrt_cuda_group *group, const glmrt_step_b
     glmrt_cuda_step_padding padding;
     padding.bucket = glmrt_cuda_decode_graph_bucket(first, batch);
     padding.pad_page = first->kv_pad_page;
+    uint8_t *inputs = glmrt_group_take_inputs(group);
     GLMRT_TRY(glmrt_cuda_step_pack_padded(batch, &first->capacity, &first->split_policy, first->kv.page_size,
-                                          first->kv_num_pages, &padding, group->host_step_inputs,
-                                          &group->step_counts, error));
+                                          first->kv_num_pages, &padding, inputs, &group->step_counts, error));
     if (group->num_ranks == 1) {
-        glmrt_status status = glmrt_cuda_forward_enqueue(first, &group->step_counts, group->host_step_inputs,
-                                                         out_logits, out_sampled);
+        glmrt_status status = glmrt_cuda_forward_enqueue(first, &group->step_counts, inputs, out_logits, out_sampled);
         if (status != GLMRT_OK) {
             glmrt_group_settle_stream(first);
             return status;
         }
-        group->launched = 1;
+        group->launched += 1;
         return GLMRT_OK;
     }
     glmrt_rank_work work;
     memset(&work, 0, sizeof(work));
     work.job = GLMRT_RANK_JOB_FORWARD;
     work.counts = &group->step_counts;
-    work.host_inputs = group->host_step_inputs;
+    work.host_inputs = inputs;
     work.out_logits = out_logits;
     work.out_sampled = out_sampled;
     glmrt_group_post(group, &work);
-    group->launched = 1;
+    group->launched += 1;
     return GLMRT_OK;
 }
 
@@ -636,10 +655,10 @@ glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, glmrt_step_repor
 {
     out_report->device_ns = 0;
     out_report->rows_owned = 0;
-    if (!group->launched) {
+    if (group->launched <= 0) {
         return GLMRT_OK;
     }
-    group->launched = 0;
+    group->launched -= 1;
     glmrt_cuda_state *first = group->ranks[0];
     if (group->num_ranks == 1) {
         glmrt_status status = glmrt_cuda_forward_wait(first, &out_report->device_ns);

@@ -39,7 +39,9 @@ struct glmrt_cuda_group {
     int32_t comms_live;
     int32_t comms_aborted;
     int32_t *peer_abort;
-    uint8_t *host_step_inputs;
+    uint8_t *host_step_inputs[GLMRT_CUDA_FLIGHTS];
+    int32_t num_input_buffers;
+    int32_t next_input_buffer;
     pthread_t threads[GLMRT_MAX_DEVICES];
     glmrt_rank_slot slots[GLMRT_MAX_DEVICES];
     int32_t threads_started;
@@ -65,5 +67,6 @@ void glmrt_cuda_group_destroy(glmrt_cuda_group *group);
 glmrt_status glmrt_cuda_group_launch(glmrt_cuda_group *group, const glmrt_step_batch *batch, float *out_logits,
                                      glmrt_token *out_sampled);
 glmrt_status glmrt_cuda_group_complete(glmrt_cuda_group *group, glmrt_step_report *out_report);
+int32_t glmrt_cuda_group_feeds_sampled_tokens(const glmrt_cuda_group *group);
 
 #endif

@@ -121,6 +121,17 @@ typedef struct glmrt_cuda_decode_graphs {
     int64_t bytes;
 } glmrt_cuda_decode_graphs;
 
+#define GLMRT_CUDA_FLIGHTS 2
+
+typedef struct glmrt_cuda_flight {
+    int32_t *host_sampled;
+    cudaEvent_t started;
+    cudaEvent_t finished;
+    int32_t pending_samples;
+    glmrt_token *pending_sampled;
+    int32_t rows_owned;
+} glmrt_cuda_flight;
+
 typedef struct glmrt_cuda_state {
     glmrt_engine *engine;
     glmrt_error *error;
@@ -158,11 +169,9 @@ typedef struct glmrt_cuda_state {
     glmrt_cuda_matmuls *matmuls;
     int64_t step_input_bytes;
     glmrt_cuda_decode_graphs graphs;
-    int32_t *host_sampled;
-    cudaEvent_t step_started;
-    cudaEvent_t step_finished;
-    int32_t pending_samples;
-    glmrt_token *pending_sampled;
+    glmrt_cuda_flight flights[GLMRT_CUDA_FLIGHTS];
+    int32_t flight_head;
+    int32_t flights_queued;
     int64_t last_device_ns;
     int32_t last_rows_owned;
     float rms_eps;

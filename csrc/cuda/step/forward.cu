@@ -689,7 +689,7 @@ static glmrt_status glmrt_step_gather_logits(const glmrt_step_context *step)
     return glmrt_cuda_gather_logits(&gather, step->stream, step->error);
 }
 
-static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step)
+static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step, int32_t *host_tokens)
 {
     glmrt_cuda_workspace *ws = &step->state->ws;
     glmrt_cuda_sample_args sample;
@@ -699,6 +699,7 @@ static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step)
     sample.history = step->view.history;
     sample.needs_sort = step->counts->needs_sort;
     sample.out_tokens = ws->sampled;
+    sample.host_tokens = host_tokens;
     return glmrt_cuda_sample(&ws->sampler, &sample, step->stream, step->error);
 }
 
@@ -717,8 +718,8 @@ static glmrt_status glmrt_step_gather_residual_rows(const glmrt_step_context *st
 static glmrt_status glmrt_step_body(glmrt_step_context *step)
 {
     glmrt_cuda_state *st = step->state;
-    GLMRT_TRY(glmrt_cuda_embed(&st->model.embed, step->view.token_ids, step->counts->num_tokens, st->ws.hidden,
-                               step->stream, step->error));
+    GLMRT_TRY(glmrt_cuda_embed(&st->model.embed, step->view.token_ids, st->ws.sampled, step->counts->num_tokens,
+                               st->ws.hidden, step->stream, step->error));
     for (int32_t i = 0; i < st->dims.num_layers; ++i) {
         GLMRT_TRY(glmrt_layer_run(step, i));
     }
@@ -751,8 +752,7 @@ static glmrt_status glmrt_step_upload(const glmrt_cuda_state *st, const glmrt_cu
                                       const uint8_t *host_inputs)
 {
     glmrt_error *error = st->error;
-    GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs, host_inputs, (size_t)counts->bytes,
-                                          cudaMemcpyHostToDevice, st->stream));
+    GLMRT_TRY(glmrt_cuda_step_fetch(st->ws.step_inputs, host_inputs, counts->bytes, st->stream, error));
     if (counts->history_bytes > 0) {
         GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->ws.step_inputs + counts->history_offset,
                                               host_inputs + counts->history_offset, (size_t)counts->history_bytes,
@@ -829,29 +829,33 @@ glmrt_status glmrt_cuda_forward_enqueue(glmrt_cuda_state *st, const glmrt_cuda_s
                                         const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled)
 {
     glmrt_error *error = st->error;
-    st->pending_samples = 0;
-    st->pending_sampled = nullptr;
+    if (st->flights_queued >= GLMRT_CUDA_FLIGHTS) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "%d CUDA steps are already in flight on device %d",
+                               st->flights_queued, st->device);
+    }
+    glmrt_cuda_flight *flight = &st->flights[(st->flight_head + st->flights_queued) % GLMRT_CUDA_FLIGHTS];
+    flight->pending_samples = 0;
+    flight->pending_sampled = nullptr;
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
-    st->last_rows_owned = counts->bucket > 0 ? glmrt_step_can_own_rows(st, counts->bucket) : step.rows_owned;
-    GLMRT_CUDA_TRY(error, cudaEventRecord(st->step_started, st->stream));
+    flight->rows_owned = counts->bucket > 0 ? glmrt_step_can_own_rows(st, counts->bucket) : step.rows_owned;
+    GLMRT_CUDA_TRY(error, cudaEventRecord(flight->started, st->stream));
     GLMRT_TRY(glmrt_step_upload(st, counts, host_inputs));
     GLMRT_TRY(glmrt_step_launch(&step));
     int32_t samples = glmrt_step_samples(&step);
     if (samples > 0) {
-        GLMRT_TRY(glmrt_step_sample_tokens(&step));
-        GLMRT_CUDA_TRY(error, cudaMemcpyAsync(st->host_sampled, st->ws.sampled, (size_t)samples * sizeof(int32_t),
-                                              cudaMemcpyDeviceToHost, st->stream));
+        GLMRT_TRY(glmrt_step_sample_tokens(&step, flight->host_sampled));
         if (out_logits != nullptr) {
             GLMRT_CUDA_TRY(error, cudaMemcpyAsync(out_logits, st->ws.logits,
                                                   (size_t)samples * st->dims.logits_cols * sizeof(float),
                                                   cudaMemcpyDeviceToHost, st->stream));
         }
     }
-    GLMRT_CUDA_TRY(error, cudaEventRecord(st->step_finished, st->stream));
-    st->pending_samples = samples;
-    st->pending_sampled = out_sampled;
+    GLMRT_CUDA_TRY(error, cudaEventRecord(flight->finished, st->stream));
+    flight->pending_samples = samples;
+    flight->pending_sampled = out_sampled;
+    st->flights_queued += 1;
     return GLMRT_OK;
 }
 
@@ -859,17 +863,24 @@ glmrt_status glmrt_cuda_forward_wait(glmrt_cuda_state *st, int64_t *out_device_n
 {
     glmrt_error *error = st->error;
     *out_device_ns = 0;
+    if (st->flights_queued <= 0) {
+        return GLMRT_OK;
+    }
+    glmrt_cuda_flight *flight = &st->flights[st->flight_head];
+    st->flight_head = (st->flight_head + 1) % GLMRT_CUDA_FLIGHTS;
+    st->flights_queued -= 1;
+    st->last_rows_owned = flight->rows_owned;
     GLMRT_CUDA_TRY(error, cudaSetDevice(st->device));
     glmrt_forward_mark_waiting(st, 1);
-    GLMRT_CUDA_TRY(error, cudaStreamSynchronize(st->stream));
+    GLMRT_CUDA_TRY(error, cudaEventSynchronize(flight->finished));
     float elapsed_ms = 0.0f;
-    GLMRT_CUDA_TRY(error, cudaEventElapsedTime(&elapsed_ms, st->step_started, st->step_finished));
+    GLMRT_CUDA_TRY(error, cudaEventElapsedTime(&elapsed_ms, flight->started, flight->finished));
     *out_device_ns = (int64_t)((double)elapsed_ms * 1.0e6);
-    if (st->pending_samples > 0 && st->pending_sampled != nullptr) {
-        memcpy(st->pending_sampled, st->host_sampled, (size_t)st->pending_samples * sizeof(int32_t));
+    if (flight->pending_samples > 0 && flight->pending_sampled != nullptr) {
+        memcpy(flight->pending_sampled, flight->host_sampled, (size_t)flight->pending_samples * sizeof(int32_t));
     }
-    st->pending_samples = 0;
-    st->pending_sampled = nullptr;
+    flight->pending_samples = 0;
+    flight->pending_sampled = nullptr;
     return GLMRT_OK;
 }
 

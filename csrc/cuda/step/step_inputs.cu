@@ -1,7 +1,9 @@
 #include <string.h>
 
 #include "cuda_check.cuh"
+#include "dependent_launch.cuh"
 #include "device_math.cuh"
+#include "ops.cuh"
 #include "step_inputs.cuh"
 
 extern "C" {
@@ -128,12 +130,6 @@ void glmrt_cuda_step_view_at(const glmrt_cuda_step_counts *counts, uint8_t *base
     view->decode_items = (glmrt_cuda_attention_item *)(base + o.decode_items);
     view->prefill_items = (glmrt_cuda_attention_item *)(base + o.prefill_items);
     view->merges = (glmrt_cuda_attention_merge *)(base + o.merges);
-}
-
-static int glmrt_params_need_history(const glmrt_sampling_params *params)
-{
-    return params->repetition_penalty != 1.0f || params->frequency_penalty != 0.0f ||
-           params->presence_penalty != 0.0f;
 }
 
 static int32_t glmrt_seq_context(const glmrt_step_batch *batch, int32_t s)
@@ -278,7 +274,7 @@ static glmrt_status glmrt_step_count(const glmrt_step_batch *batch, const glmrt_
         if (sample->params->temperature != 0.0f) {
             c->needs_sort = 1;
         }
-        if (glmrt_params_need_history(sample->params)) {
+        if (glmrt_sampling_params_use_history(sample->params)) {
             c->num_history += sample->num_history;
         }
     }
@@ -368,7 +364,7 @@ static void glmrt_step_write_samples(const glmrt_step_batch *batch, glmrt_cuda_s
         p->presence_penalty = sp->presence_penalty;
         int64_t draw = glmrt_step_sample_draw_index(sample);
         p->uniform = sp->temperature != 0.0f ? glmrt_sampling_uniform(sp->seed, draw) : 0.0;
-        if (glmrt_params_need_history(sp)) {
+        if (glmrt_sampling_params_use_history(sp)) {
             p->history_begin = history_used;
             p->num_history = sample->num_history;
             p->num_prompt = sample->num_prompt_tokens;
@@ -395,6 +391,13 @@ glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const gl
     v.device_counts->reserved = 0;
     size_t token_bytes = (size_t)batch->num_tokens * sizeof(int32_t);
     memcpy(v.token_ids, batch->token_ids, token_bytes);
+    if (batch->token_feed != nullptr) {
+        for (int32_t i = 0; i < batch->num_tokens; ++i) {
+            if (batch->token_feed[i] >= 0) {
+                v.token_ids[i] = glmrt_fed_token_code(batch->token_feed[i]);
+            }
+        }
+    }
     memcpy(v.positions, batch->positions, token_bytes);
     memcpy(v.token_seq, batch->token_seq, token_bytes);
     int32_t page_cursor = 0;
@@ -432,4 +435,59 @@ glmrt_status glmrt_cuda_step_pack(const glmrt_step_batch *batch, const glmrt_cud
 {
     return glmrt_cuda_step_pack_padded(batch, capacity, policy, page_size, num_pool_pages, nullptr, host, counts,
                                        error);
+}
+
+#define GLMRT_FETCH_THREADS 256
+#define GLMRT_FETCH_WORDS 4
+
+__global__ void __launch_bounds__(GLMRT_FETCH_THREADS)
+    glmrt_step_fetch_kernel(uint4 *device, const uint4 *host_mapped, int64_t words)
+{
+    uint4 held[GLMRT_FETCH_WORDS];
+    const int64_t first = (int64_t)blockIdx.x * GLMRT_FETCH_THREADS * GLMRT_FETCH_WORDS + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < GLMRT_FETCH_WORDS; ++k) {
+        const int64_t i = first + k * GLMRT_FETCH_THREADS;
+        held[k] = i < words ? host_mapped[i] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    glmrt_dependent_enter();
+#pragma unroll
+    for (int k = 0; k < GLMRT_FETCH_WORDS; ++k) {
+        const int64_t i = first + k * GLMRT_FETCH_THREADS;
+        if (i < words) {
+            device[i] = held[k];
+        }
+    }
+}
+
+glmrt_status glmrt_cuda_step_fetch(uint8_t *device, const uint8_t *host_mapped, int64_t bytes, cudaStream_t stream,
+                                   glmrt_error *error)
+{
+    if (bytes <= 0) {
+        return GLMRT_OK;
+    }
+    if (((uintptr_t)device & 15u) != 0 || ((uintptr_t)host_mapped & 15u) != 0) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "step inputs need 16-byte aligned buffers");
+    }
+    const int64_t words = (bytes + 15) / 16;
+    const int64_t per_block = (int64_t)GLMRT_FETCH_THREADS * GLMRT_FETCH_WORDS;
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, (unsigned)((words + per_block - 1) / per_block),
+                                                              GLMRT_FETCH_THREADS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_step_fetch_kernel, reinterpret_cast<uint4 *>(device),
+                                             reinterpret_cast<const uint4 *>(host_mapped), words));
+    return GLMRT_OK;
+}
+
+glmrt_status glmrt_cuda_host_mapped_check(const void *host, const char *what, glmrt_error *error)
+{
+    void *device = nullptr;
+    GLMRT_CUDA_TRY(error, cudaHostGetDevicePointer(&device, const_cast<void *>(host), 0));
+    if (device != host) {
+        return glmrt_error_set(error, GLMRT_ERR_UNSUPPORTED,
+                               "the %s are host memory the GPU reads and writes in place, which needs unified "
+                               "addressing (host %p, device %p)",
+                               what, host, device);
+    }
+    return GLMRT_OK;
 }

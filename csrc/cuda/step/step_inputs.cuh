@@ -98,5 +98,8 @@ glmrt_status glmrt_cuda_step_pack(const glmrt_step_batch *batch, const glmrt_cud
                                   const glmrt_cuda_split_policy *policy, int32_t page_size, int32_t num_pool_pages,
                                   uint8_t *host, glmrt_cuda_step_counts *counts, glmrt_error *error);
 void glmrt_cuda_step_view_at(const glmrt_cuda_step_counts *counts, uint8_t *base, glmrt_cuda_step_view *view);
+glmrt_status glmrt_cuda_step_fetch(uint8_t *device, const uint8_t *host_mapped, int64_t bytes, cudaStream_t stream,
+                                   glmrt_error *error);
+glmrt_status glmrt_cuda_host_mapped_check(const void *host, const char *what, glmrt_error *error);
 
 #endif
