@@ -460,6 +460,108 @@ static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     cudaFree(split.counters);
 }
 
+static long glmrt_qtest_differing_rows(const std::vector<float> &a, const std::vector<float> &b, int32_t rows,
+                                       int64_t stride, int32_t n)
+{
+    long differing = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+        differing += memcmp(a.data() + (size_t)r * stride, b.data() + (size_t)r * stride, (size_t)n * 4) != 0;
+    }
+    return differing;
+}
+
+static void glmrt_qtest_wide(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
+{
+    const int32_t cols = 256;
+    const int32_t m_rows = 300;
+    const int64_t stride = 8192;
+    std::vector<int32_t> parts = {8190};
+    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    const int32_t n = h.m.rows;
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
+    glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, m_rows, cols);
+    std::vector<float> bias((size_t)n);
+    for (float &v : bias) {
+        v = glmrt_test_normal(rng) * 0.1f;
+    }
+    float *d_x = glmrt_test_upload(x.x);
+    float *d_bias = glmrt_test_upload(bias);
+    const size_t y_count = (size_t)m_rows * stride;
+    float *d_y = glmrt_test_alloc<float>(y_count);
+    float *d_y_windows = glmrt_test_alloc<float>(y_count);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = GLMRT_OK;
+    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_new(&h.m, 0, &error, &status);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, m_rows, &error, &status);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, m_rows, &o->operand, &error);
+    }
+    cudaMemset(d_y, 0xff, y_count * 4);
+    cudaMemset(d_y_windows, 0xff, y_count * 4);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_run(&h.m, &o->operand, m_rows, d_y, stride, d_bias, 0, nullptr, &error);
+    }
+    for (int32_t begin = 0; begin < m_rows && status == GLMRT_OK; begin += 50) {
+        const int32_t rows = begin + 50 <= m_rows ? 50 : m_rows - begin;
+        glmrt_qtest_operand *part = glmrt_qtest_operand_new(kind, cols, rows, &error, &status);
+        if (status == GLMRT_OK) {
+            status = glmrt_qtest_quantize(d_x + (size_t)begin * cols, cols, nullptr, GLMRT_ACTIVATION_COPY, rows,
+                                          &part->operand, &error);
+        }
+        if (status == GLMRT_OK) {
+            status = glmrt_qtest_run(&h.m, &part->operand, rows, d_y_windows + (size_t)begin * stride, stride, d_bias,
+                                     0, nullptr, &error);
+        }
+        glmrt_qtest_operand_free(part);
+    }
+    std::vector<float> whole = glmrt_test_download(d_y, y_count);
+    std::vector<float> windows = glmrt_test_download(d_y_windows, y_count);
+    long differing = glmrt_qtest_differing_rows(whole, windows, m_rows, stride, n);
+    long padding_written = 0;
+    for (int32_t r = 0; r < m_rows; ++r) {
+        for (int64_t c = n; c < stride; ++c) {
+            uint32_t bits;
+            memcpy(&bits, &whole[(size_t)r * stride + c], 4);
+            padding_written += bits != 0xffffffffu;
+        }
+    }
+    char what[200];
+    snprintf(what, sizeof(what),
+             "qgemm %s 300 rows over %d weight rows in 128-row tiles equal 50-row windows bitwise, padding untouched",
+             tc->name, n);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0 && padding_written == 0, what,
+                      (double)(differing + padding_written), 0);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_run(&h.m, &o->operand, m_rows, d_y, stride, d_bias, 1, nullptr, &error);
+    }
+    std::vector<float> twice = glmrt_test_download(d_y, y_count);
+    long wrong_sums = 0;
+    for (int32_t r = 0; r < m_rows; ++r) {
+        for (int32_t c = 0; c < n; ++c) {
+            const size_t i = (size_t)r * stride + c;
+            const float expected = whole[i] + whole[i];
+            wrong_sums += memcmp(&expected, &twice[i], 4) != 0;
+        }
+    }
+    snprintf(what, sizeof(what), "qgemm %s 300 rows in 128-row tiles accumulate into their output", tc->name);
+    glmrt_test_expect(report, status == GLMRT_OK && wrong_sums == 0, what, (double)wrong_sums, 0);
+    if (status != GLMRT_OK) {
+        printf("error: %s\n", error.message);
+    }
+    glmrt_qtest_operand_free(o);
+    free(q);
+    cudaFree(d_data);
+    cudaFree(d_scale);
+    cudaFree(d_x);
+    cudaFree(d_bias);
+    cudaFree(d_y);
+    cudaFree(d_y_windows);
+}
+
 static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
                                 int32_t rows)
 {
@@ -616,6 +718,7 @@ int main(void)
     for (const glmrt_qtest_case &tc : cases) {
         glmrt_qtest_dense(&report, &rng, &tc, 608, 1);
         glmrt_qtest_dense(&report, &rng, &tc, 5120, 1);
+        glmrt_qtest_wide(&report, &rng, &tc);
         glmrt_qtest_grouped(&report, &rng, &tc, 176);
         glmrt_qtest_grouped(&report, &rng, &tc, 320);
     }

@@ -14,6 +14,7 @@
 #define GLMRT_QGEMM_PRODUCER_REGISTERS 56
 #define GLMRT_QGEMM_CONSUMER_REGISTERS 224
 #define GLMRT_QGEMM_STAGE_CAP 8
+#define GLMRT_QGEMM_OUT_PAD 4
 #define GLMRT_QGEMM_SINGLE_SMEM_BUDGET (104 * 1024)
 #define GLMRT_QGEMM_PAIR_SMEM_BUDGET (200 * 1024)
 
@@ -52,12 +53,16 @@ struct glmrt_qgemm_shape {
     static constexpr int b_bytes = BN * GLMRT_TENSOR_MAP_ROW_BYTES;
     static constexpr int stage_bytes = a_bytes + b_bytes;
     static constexpr int fold_bytes = FOLD ? consumer_threads * (BN / 2) * 4 : 0;
+    static constexpr bool staged = BN == GLMRT_QGEMM_MAX_TILE_ROWS && FOLD == 0;
+    static constexpr int cta_rows = consumers * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
+    static constexpr int out_stride = cta_rows + GLMRT_QGEMM_OUT_PAD;
+    static constexpr int out_bytes = staged ? BN * out_stride * 4 : 0;
     static constexpr int budget =
-        (consumers == 1 ? GLMRT_QGEMM_SINGLE_SMEM_BUDGET : GLMRT_QGEMM_PAIR_SMEM_BUDGET) - fold_bytes;
+        (consumers == 1 ? GLMRT_QGEMM_SINGLE_SMEM_BUDGET : GLMRT_QGEMM_PAIR_SMEM_BUDGET) - fold_bytes - out_bytes;
     static constexpr int fit = budget / stage_bytes;
     static constexpr int stages = fit > GLMRT_QGEMM_STAGE_CAP ? GLMRT_QGEMM_STAGE_CAP : fit;
     static constexpr int smem_bytes =
-        stages * stage_bytes + fold_bytes + GLMRT_WGMMA_SWIZZLE_ATOM_BYTES + 2 * stages * 8;
+        stages * stage_bytes + fold_bytes + out_bytes + GLMRT_WGMMA_SWIZZLE_ATOM_BYTES + 2 * stages * 8;
     static constexpr int acc = BN / 2;
     static constexpr bool promoted = KIND == GLMRT_OPERAND_FP8;
     static constexpr int promotions = promoted ? GLMRT_QGEMM_K_STEPS / PROMOTE : 1;
@@ -231,6 +236,41 @@ __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, co
 #define GLMRT_QGEMM_EPILOGUE_CHUNK 8
 #define GLMRT_QGEMM_GATHER_CHUNK 16
 
+typedef struct glmrt_qgemm_row_terms {
+    float channel_scale[2];
+    float bias[2];
+} glmrt_qgemm_row_terms;
+
+template <int SCALE>
+__device__ __forceinline__ glmrt_qgemm_row_terms glmrt_qgemm_load_row_terms(const glmrt_qgemm_params &p, int32_t group,
+                                                                            int32_t row0)
+{
+    const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
+    glmrt_qgemm_row_terms terms;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int32_t n = row0 + half * 8;
+        terms.channel_scale[half] = SCALE == GLMRT_CUDA_SCALE_CHANNEL && n < p.w.rows ? __ldg(group_scale + n) : 1.0f;
+        terms.bias[half] = p.bias != nullptr && n < p.w.rows ? __ldg(p.bias + n) : 0.0f;
+    }
+    return terms;
+}
+
+template <int SCALE>
+__device__ __forceinline__ float glmrt_qgemm_output_value(const glmrt_qgemm_params &p, float value,
+                                                          const glmrt_qgemm_row_terms &terms, int half, float x_scale)
+{
+    if (SCALE == GLMRT_CUDA_SCALE_CHANNEL) {
+        value = __fmul_rn(__fmul_rn(value, terms.channel_scale[half]), x_scale);
+    } else if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
+        value = __fmul_rn(value, x_scale);
+    }
+    if (p.bias != nullptr) {
+        value = __fadd_rn(value, terms.bias[half]);
+    }
+    return value;
+}
+
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
 __device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, const float *result, int32_t group,
                                                    int32_t row_begin, int32_t count, int32_t row0, int lane)
@@ -239,15 +279,7 @@ __device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, 
     constexpr int chunk = shape::acc < GLMRT_QGEMM_EPILOGUE_CHUNK ? shape::acc : GLMRT_QGEMM_EPILOGUE_CHUNK;
     constexpr int chunk_tokens = chunk / 2;
     static_assert(shape::acc % chunk == 0 && chunk % 4 == 0, "epilogue chunks cover whole fragment quads");
-    const float *group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
-    float channel_scale[2];
-    float bias[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int32_t n = row0 + half * 8;
-        channel_scale[half] = SCALE == GLMRT_CUDA_SCALE_CHANNEL && n < p.w.rows ? __ldg(group_scale + n) : 1.0f;
-        bias[half] = p.bias != nullptr && n < p.w.rows ? __ldg(p.bias + n) : 0.0f;
-    }
+    const glmrt_qgemm_row_terms terms = glmrt_qgemm_load_row_terms<SCALE>(p, group, row0);
 #pragma unroll
     for (int c = 0; c < shape::acc; c += chunk) {
         float row_scale[chunk_tokens];
@@ -273,17 +305,72 @@ __device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, 
             const int half = glmrt_qgemm_fragment_row(i) ? 1 : 0;
             const int32_t n = row0 + half * 8;
             if (token < count && n < p.w.rows) {
-                const float x_scale = row_scale[(j >> 2) * 2 + (j & 1)];
-                float value = result[i];
-                if (SCALE == GLMRT_CUDA_SCALE_CHANNEL) {
-                    value = __fmul_rn(__fmul_rn(value, channel_scale[half]), x_scale);
-                } else if (SCALE == GLMRT_CUDA_SCALE_BLOCK) {
-                    value = __fmul_rn(value, x_scale);
-                }
-                if (p.bias != nullptr) {
-                    value = __fadd_rn(value, bias[half]);
-                }
+                const float value =
+                    glmrt_qgemm_output_value<SCALE>(p, result[i], terms, half, row_scale[(j >> 2) * 2 + (j & 1)]);
                 p.y[((int64_t)row_begin + token) * p.y_stride + n] = p.accumulate ? __fadd_rn(old[j], value) : value;
+            }
+        }
+    }
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__device__ __forceinline__ void glmrt_qgemm_stage_result(const glmrt_qgemm_params &p, const float *result,
+                                                         float *out_tile, int32_t group, int32_t row_begin,
+                                                         int32_t count, int32_t cta_row0, int consumer, int local)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    const int warp = local / 32;
+    const int lane = local % 32;
+    const int32_t local_row = consumer * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
+    const glmrt_qgemm_row_terms terms = glmrt_qgemm_load_row_terms<SCALE>(p, group, cta_row0 + local_row);
+    float row_scale[shape::acc / 2];
+#pragma unroll
+    for (int t = 0; t < shape::acc / 2; ++t) {
+        const int32_t token = glmrt_qgemm_fragment_token((t >> 1) * 4 + (t & 1), lane);
+        row_scale[t] = SCALE != GLMRT_CUDA_SCALE_NONE && token < count ? __ldg(p.x_scales + row_begin + token) : 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < shape::acc; ++i) {
+        const int half = glmrt_qgemm_fragment_row(i) ? 1 : 0;
+        const float value = glmrt_qgemm_output_value<SCALE>(p, result[i], terms, half, row_scale[(i >> 2) * 2 + (i & 1)]);
+        out_tile[glmrt_qgemm_fragment_token(i, lane) * shape::out_stride + local_row + half * 8] = value;
+    }
+}
+
+__device__ __forceinline__ void glmrt_qgemm_store_value(const glmrt_qgemm_params &p, int64_t at, float value)
+{
+    p.y[at] = p.accumulate ? __fadd_rn(p.y[at], value) : value;
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__device__ __forceinline__ void glmrt_qgemm_copy_out(const glmrt_qgemm_params &p, const float *out_tile,
+                                                     int32_t row_begin, int32_t count, int32_t cta_row0, int thread)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    constexpr int quads = shape::cta_rows / 4;
+    const bool vectors = p.y_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15u) == 0;
+    for (int32_t index = thread; index < count * quads; index += shape::consumer_threads) {
+        const int32_t token = index / quads;
+        const int32_t column = (index % quads) * 4;
+        const int32_t n = cta_row0 + column;
+        const float4 value = *reinterpret_cast<const float4 *>(out_tile + token * shape::out_stride + column);
+        const int64_t at = ((int64_t)row_begin + token) * p.y_stride + n;
+        if (vectors && n + 3 < p.w.rows) {
+            float4 *target = reinterpret_cast<float4 *>(p.y + at);
+            if (p.accumulate) {
+                const float4 old = *target;
+                *target = make_float4(__fadd_rn(old.x, value.x), __fadd_rn(old.y, value.y), __fadd_rn(old.z, value.z),
+                                      __fadd_rn(old.w, value.w));
+            } else {
+                *target = value;
+            }
+            continue;
+        }
+        const float values[4] = {value.x, value.y, value.z, value.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            if (n + c < p.w.rows) {
+                glmrt_qgemm_store_value(p, at + c, values[c]);
             }
         }
     }
@@ -534,7 +621,8 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_plain(const glmrt_qgemm_par
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
 __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p, int32_t units, uint8_t *tiles,
                                                     uint64_t *full, uint64_t *empty, float *fold_totals,
-                                                    int consumer, int local, int32_t *last_contribution)
+                                                    float *out_tile, int consumer, int local,
+                                                    int32_t *last_contribution)
 {
     typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
     const int warp = local / 32;
@@ -588,7 +676,17 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
                 continue;
             }
         }
-        glmrt_qgemm_finish<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, group, row_begin, count, row0, lane);
+        if constexpr (shape::staged) {
+            const int32_t cta_row0 = segment.tile * shape::cta_rows;
+            glmrt_qgemm_consumer_sync(shape::consumers);
+            glmrt_qgemm_stage_result<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, out_tile, group, row_begin, count,
+                                                                     cta_row0, consumer, local);
+            glmrt_qgemm_consumer_sync(shape::consumers);
+            glmrt_qgemm_copy_out<KIND, SCALE, PROMOTE, BN, FOLD>(p, out_tile, row_begin, count, cta_row0,
+                                                                 (int)threadIdx.x);
+        } else {
+            glmrt_qgemm_finish<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, group, row_begin, count, row0, lane);
+        }
     }
 }
 
@@ -607,7 +705,9 @@ __global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FO
     const uint32_t misalign = glmrt_shared_address(glmrt_qgemm_shared) & (GLMRT_WGMMA_SWIZZLE_ATOM_BYTES - 1);
     uint8_t *tiles = glmrt_qgemm_shared + ((GLMRT_WGMMA_SWIZZLE_ATOM_BYTES - misalign) & (GLMRT_WGMMA_SWIZZLE_ATOM_BYTES - 1));
     float *fold_totals = reinterpret_cast<float *>(tiles + shape::stages * shape::stage_bytes);
-    uint64_t *full = reinterpret_cast<uint64_t *>(tiles + shape::stages * shape::stage_bytes + shape::fold_bytes);
+    float *out_tile = reinterpret_cast<float *>(tiles + shape::stages * shape::stage_bytes + shape::fold_bytes);
+    uint64_t *full = reinterpret_cast<uint64_t *>(tiles + shape::stages * shape::stage_bytes + shape::fold_bytes +
+                                                  shape::out_bytes);
     uint64_t *empty = full + shape::stages;
     const bool producer = (int)threadIdx.x >= shape::consumer_threads;
     if (threadIdx.x == shape::consumer_threads) {
@@ -639,7 +739,7 @@ __global__ void __launch_bounds__(glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FO
         }
         glmrt_dependent_enter();
         const int32_t units = glmrt_qgemm_units(p, shape::consumers);
-        glmrt_qgemm_consume<KIND, SCALE, PROMOTE, BN, FOLD>(p, units, tiles, full, empty, fold_totals,
+        glmrt_qgemm_consume<KIND, SCALE, PROMOTE, BN, FOLD>(p, units, tiles, full, empty, fold_totals, out_tile,
                                                             (int)threadIdx.x / 128,
                                                             (int)threadIdx.x % 128, &last_contribution);
     }
