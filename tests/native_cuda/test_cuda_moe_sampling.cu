@@ -291,7 +291,7 @@ static void glmrt_check_sampler(glmrt_test_report *report, glmrt_test_rng *rng, 
     glmrt_cuda_sample_params *d_params = glmrt_test_upload(device_params);
     int32_t *d_history = glmrt_test_upload(history);
     int32_t *d_tokens = glmrt_test_alloc<int32_t>(rows);
-    glmrt_cuda_sample_args args = {d_logits, rows, d_params, d_history, 1, d_tokens, nullptr};
+    glmrt_cuda_sample_args args = {d_logits, rows, d_params, d_history, 1, d_tokens, nullptr, 0};
     glmrt_status status = ready ? glmrt_cuda_sample(&sampler, &args, 0, &error) : GLMRT_ERR_BACKEND;
     std::vector<int32_t> tokens = glmrt_test_download(d_tokens, rows);
     if (status == GLMRT_OK) {

@@ -425,10 +425,12 @@ glmrt_status glmrt_cuda_sample(glmrt_cuda_sampler *sampler, const glmrt_cuda_sam
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "%d sample rows exceed the sampler capacity %d",
                                args->num_rows, sampler->max_rows);
     }
-    glmrt_dependent_launch prepare;
-    const cudaLaunchConfig_t *prepare_config = glmrt_dependent_config(&prepare, args->num_rows, GLMRT_SAMPLE_THREADS,
-                                                                      0, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(prepare_config, glmrt_sample_prepare_kernel, *sampler, *args));
+    if (!args->logits_only) {
+        glmrt_dependent_launch prepare;
+        const cudaLaunchConfig_t *prepare_config =
+            glmrt_dependent_config(&prepare, args->num_rows, GLMRT_SAMPLE_THREADS, 0, stream);
+        GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(prepare_config, glmrt_sample_prepare_kernel, *sampler, *args));
+    }
     if (args->needs_sort) {
         size_t bytes = sampler->sort_temp_bytes;
         int items = args->num_rows * sampler->vocab_size;

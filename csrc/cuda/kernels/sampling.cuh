@@ -46,6 +46,7 @@ typedef struct glmrt_cuda_sample_args {
     int32_t needs_sort;
     int32_t *out_tokens;
     int32_t *host_tokens;
+    int32_t logits_only;
 } glmrt_cuda_sample_args;
 
 glmrt_status glmrt_cuda_sampler_sort_bytes(int32_t max_rows, int32_t vocab_size, size_t *out_bytes,

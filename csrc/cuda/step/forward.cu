@@ -700,6 +700,7 @@ static glmrt_status glmrt_step_sample_tokens(const glmrt_step_context *step, int
     sample.needs_sort = step->counts->needs_sort;
     sample.out_tokens = ws->sampled;
     sample.host_tokens = host_tokens;
+    sample.logits_only = !step->counts->needs_sort && step->counts->num_history == 0;
     return glmrt_cuda_sample(&ws->sampler, &sample, step->stream, step->error);
 }
 
