@@ -263,3 +263,27 @@ def test_cuda_relaunch_churn_with_steps_ahead_returns_every_page():
         assert engine.info().launch_ahead == 1
         stats = run_ahead_churn(engine, 3000, 12)
     assert stats.steps_launched_ahead > 600
+
+
+def test_prefix_cache_hits_and_registrations_match_with_steps_ahead(model_dir):
+    shared = prompt_of_length(40, 1000, 7)
+
+    def run(launch_ahead):
+        with open_engine(model_dir, launch_ahead=launch_ahead) as engine:
+            rows = []
+            for round_index in range(3):
+                requests = [engine.create_request(shared + [11 + round_index, 12 + i], greedy(9)) for i in range(3)]
+                rows.append(relaunched_rows(engine, requests))
+                for request in requests:
+                    engine.free_request(request)
+            engine.check_invariants()
+            stats = engine.stats()
+            assert stats.kv_pages_free == stats.kv_pages_total
+            return rows, stats
+
+    expected, plain = run("off")
+    rows, ahead = run("always")
+    assert rows == expected
+    assert ahead.prefix_cache_hits == plain.prefix_cache_hits > 0
+    assert ahead.prefix_cache_queries == plain.prefix_cache_queries
+    assert ahead.steps_launched_ahead > 0 and plain.steps_launched_ahead == 0
