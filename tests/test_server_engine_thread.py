@@ -59,12 +59,15 @@ async def wait_for_pages(metrics, predicate):
     await wait_for_sample(metrics, "glmrt:kv_pages_used", predicate)
 
 
-@pytest.mark.parametrize("relaunch", (False, True))
-async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model_dir, relaunch):
+RELAUNCH_MODES = ((False, "off"), (True, "off"), (True, "always"))
+
+
+@pytest.mark.parametrize("relaunch,launch_ahead", RELAUNCH_MODES)
+async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model_dir, relaunch, launch_ahead):
     jobs = [([5 + index, 17, 300, 42 + index], SamplingParams(temperature=0.8, max_new_tokens=12 + 3 * index,
                                                                seed=index)) for index in range(4)]
     expected = solo_outputs(model_dir, jobs)
-    thread, metrics, stopped = await started_thread(model_dir, relaunch=relaunch)
+    thread, metrics, stopped = await started_thread(model_dir, relaunch=relaunch, launch_ahead=launch_ahead)
     works = [work(prompt, params) for prompt, params in jobs]
     for item in works:
         thread.submit(item)
@@ -73,14 +76,17 @@ async def test_engine_thread_streams_the_same_tokens_as_the_offline_engine(model
         assert tokens == want
         assert finish == Finish("completed", "length")
     await wait_for_pages(metrics, lambda used: used == 0)
+    ahead = samples_of(metrics)["glmrt:steps_launched_ahead_total"]
+    assert ahead > 0 if launch_ahead == "always" else ahead == 0
     thread.stop()
     await asyncio.wait_for(stopped, 30)
     assert thread.join(5)
 
 
-@pytest.mark.parametrize("relaunch", (False, True))
-async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_rest_incomplete(model_dir, relaunch):
-    thread, metrics, stopped = await started_thread(model_dir, relaunch=relaunch)
+@pytest.mark.parametrize("relaunch,launch_ahead", RELAUNCH_MODES)
+async def test_cancel_frees_the_pages_before_the_next_step_and_stop_ends_the_rest_incomplete(model_dir, relaunch,
+                                                                                            launch_ahead):
+    thread, metrics, stopped = await started_thread(model_dir, relaunch=relaunch, launch_ahead=launch_ahead)
     long_params = SamplingParams(temperature=1.0, max_new_tokens=1500, ignore_eos=True, seed=3)
     first = work(list(range(10, 60)), long_params)
     second = work(list(range(70, 120)), long_params)
