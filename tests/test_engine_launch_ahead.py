@@ -287,3 +287,27 @@ def test_prefix_cache_hits_and_registrations_match_with_steps_ahead(model_dir):
     assert ahead.prefix_cache_hits == plain.prefix_cache_hits > 0
     assert ahead.prefix_cache_queries == plain.prefix_cache_queries
     assert ahead.steps_launched_ahead > 0 and plain.steps_launched_ahead == 0
+
+
+def test_a_request_stopped_under_a_step_ahead_gives_back_the_page_that_step_took(model_dir):
+    prompt = prompt_of_length(32, 1000, 5)
+    with open_engine(model_dir, launch_ahead="off") as engine:
+        request = engine.create_request(prompt, greedy(4))
+        first = step_rows_until_done(engine, [request], Engine.step)[0][0][0]
+    with open_engine(model_dir, launch_ahead="always") as engine:
+        params = SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[first])
+        stopping = engine.create_request(prompt, params)
+        engine.launch([stopping])
+        tokens, codes, relaunched = engine.complete_and_relaunch()
+        assert list(tokens) == [first] and native.finish_reason_name(codes[0]) == "stop" and not relaunched
+        assert engine.stats().steps_launched_ahead == 1
+        info = stopping.info()
+        assert (info.num_computed_tokens, info.num_pages) == (32, 2)
+        engine.check_invariants()
+        engine.free_request(stopping)
+        follow = engine.create_request(prompt, greedy(3))
+        assert [row[0][0] for row in relaunched_rows(engine, [follow])][0] == first
+        engine.free_request(follow)
+        engine.check_invariants()
+        stats = engine.stats()
+        assert stats.kv_pages_free == stats.kv_pages_total

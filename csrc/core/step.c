@@ -142,7 +142,6 @@ static void fill_step_batch(glmrt_engine *engine, int32_t num_seqs, glmrt_step_b
         scratch->seq_context_len[s] = first + count;
         scratch->seq_page_tables[s] = request->page_table;
         scratch->seq_num_pages[s] = request->num_pages;
-        scratch->seq_discard[s] = 0;
         for (int32_t j = 0; j < count; ++j) {
             scratch->token_ids[num_tokens + j] = request->tokens[first + j];
             scratch->positions[num_tokens + j] = first + j;
@@ -213,7 +212,16 @@ static glmrt_status launch_forward(glmrt_engine *engine, int32_t num_seqs, glmrt
     return status;
 }
 
-static glmrt_status finish_forward(glmrt_engine *engine, const glmrt_step_flight *flight)
+static void abandon_launched(glmrt_engine *engine, glmrt_step_flight *flight)
+{
+    if (flight->num_seqs > 0) {
+        glmrt_step_report report = {0, 0};
+        engine->backend_ops->complete(engine->backend_state, &report);
+        glmrt_step_release_pages(engine, flight->scratch, flight->num_seqs, flight->num_seqs);
+    }
+}
+
+static glmrt_status finish_forward(glmrt_engine *engine, const glmrt_step_flight *flight, glmrt_step_flight *ahead)
 {
     glmrt_step_report report = {0, 0};
     glmrt_status status = engine->backend_ops->complete(engine->backend_state, &report);
@@ -221,6 +229,9 @@ static glmrt_status finish_forward(glmrt_engine *engine, const glmrt_step_flight
     engine->rows_owned_steps += report.rows_owned ? 1 : 0;
     if (status == GLMRT_OK) status = check_sampled_tokens(engine, flight->scratch, &flight->batch);
     if (status != GLMRT_OK) {
+        if (ahead != NULL) {
+            abandon_launched(engine, ahead);
+        }
         glmrt_step_release_pages(engine, flight->scratch, flight->num_seqs, flight->num_seqs);
     }
     return status;
@@ -396,10 +407,10 @@ static void end_flight(glmrt_engine *engine)
 }
 
 static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int32_t *out_finish_reasons,
-                                  float *out_logits)
+                                  float *out_logits, glmrt_step_flight *ahead)
 {
     glmrt_step_flight *flight = &engine->flight;
-    glmrt_status status = flight->num_seqs > 0 ? finish_forward(engine, flight) : GLMRT_OK;
+    glmrt_status status = flight->num_seqs > 0 ? finish_forward(engine, flight, ahead) : GLMRT_OK;
     end_flight(engine);
     if (status != GLMRT_OK) {
         return status;
@@ -411,15 +422,6 @@ static glmrt_status complete_step(glmrt_engine *engine, int64_t *out_tokens, int
     write_outputs(engine, flight->scratch, flight->scratch->flight_requests, flight->num_requests, &flight->batch,
                   out_tokens, out_finish_reasons, out_logits);
     return GLMRT_OK;
-}
-
-static void abandon_launched(glmrt_engine *engine, glmrt_step_flight *flight)
-{
-    if (flight->num_seqs > 0) {
-        glmrt_step_report report = {0, 0};
-        engine->backend_ops->complete(engine->backend_state, &report);
-        glmrt_step_release_pages(engine, flight->scratch, flight->num_seqs, flight->num_seqs);
-    }
 }
 
 void glmrt_step_abandon(glmrt_engine *engine)
@@ -467,7 +469,7 @@ glmrt_status glmrt_step_complete(glmrt_engine *engine, int32_t capacity, int64_t
     }
     int32_t n = engine->flight.num_requests;
     glmrt_status status = check_complete_call(engine, capacity, out_tokens, out_finish_reasons, out_count);
-    if (status == GLMRT_OK) status = complete_step(engine, out_tokens, out_finish_reasons, NULL);
+    if (status == GLMRT_OK) status = complete_step(engine, out_tokens, out_finish_reasons, NULL, NULL);
     if (status == GLMRT_OK) {
         *out_count = n;
     }
@@ -487,17 +489,25 @@ static int32_t collect_unfinished(glmrt_engine *engine, int32_t n)
     return count;
 }
 
+static void drop_ahead_sequence(glmrt_engine *engine, glmrt_step_scratch *scratch, int32_t s)
+{
+    release_sequence_pages(engine, scratch, s, scratch->seq_new_pages[s]);
+    scratch->seq_new_pages[s] = 0;
+    scratch->seq_discard[s] = 1;
+}
+
 static void adopt_ahead(glmrt_engine *engine, glmrt_step_flight *ahead)
 {
     glmrt_step_scratch *scratch = ahead->scratch;
     int32_t count = 0;
     for (int32_t s = 0; s < ahead->num_seqs; ++s) {
         glmrt_request *request = scratch->seq_requests[s];
-        scratch->seq_discard[s] = glmrt_request_is_finished(request);
-        if (!scratch->seq_discard[s]) {
-            scratch->seq_batch_index[s] = count;
-            scratch->flight_requests[count++] = request;
+        if (glmrt_request_is_finished(request)) {
+            drop_ahead_sequence(engine, scratch, s);
+            continue;
         }
+        scratch->seq_batch_index[s] = count;
+        scratch->flight_requests[count++] = request;
     }
     ahead->active = 1;
     ahead->num_requests = count;
@@ -527,12 +537,13 @@ glmrt_status glmrt_step_complete_relaunch(glmrt_engine *engine, int32_t capacity
     }
     glmrt_step_flight ahead;
     memset(&ahead, 0, sizeof(ahead));
+    glmrt_error before_ahead = engine->error;
     int launched_ahead = glmrt_step_ahead_eligible(engine) && glmrt_step_ahead_launch(engine, &ahead) == GLMRT_OK;
-    status = complete_step(engine, out_tokens, out_finish_reasons, NULL);
+    if (!launched_ahead) {
+        engine->error = before_ahead;
+    }
+    status = complete_step(engine, out_tokens, out_finish_reasons, NULL, launched_ahead ? &ahead : NULL);
     if (status != GLMRT_OK) {
-        if (launched_ahead) {
-            abandon_launched(engine, &ahead);
-        }
         return status;
     }
     *out_count = n;
@@ -560,7 +571,7 @@ glmrt_status glmrt_run_batch_decode_logits(glmrt_engine *engine, glmrt_request *
     if (status != GLMRT_OK) {
         return status;
     }
-    return complete_step(engine, out_tokens, out_finish_reasons, out_logits);
+    return complete_step(engine, out_tokens, out_finish_reasons, out_logits, NULL);
 }
 
 glmrt_status glmrt_run_batch_decode(glmrt_engine *engine, glmrt_request *const *requests, int32_t n,

@@ -176,6 +176,7 @@ glmrt_status glmrt_step_plan_sequences(glmrt_engine *engine, glmrt_request *cons
         scratch->seq_requests[num_seqs] = request;
         scratch->seq_hit_pages[num_seqs] = hits[i];
         scratch->seq_new_pages[num_seqs] = fresh;
+        scratch->seq_discard[num_seqs] = 0;
         num_tokens += count;
         num_seqs += 1;
     }
