@@ -537,11 +537,7 @@ glmrt_status glmrt_step_complete_relaunch(glmrt_engine *engine, int32_t capacity
     }
     glmrt_step_flight ahead;
     memset(&ahead, 0, sizeof(ahead));
-    glmrt_error before_ahead = engine->error;
     int launched_ahead = glmrt_step_ahead_eligible(engine) && glmrt_step_ahead_launch(engine, &ahead) == GLMRT_OK;
-    if (!launched_ahead) {
-        engine->error = before_ahead;
-    }
     status = complete_step(engine, out_tokens, out_finish_reasons, NULL, launched_ahead ? &ahead : NULL);
     if (status != GLMRT_OK) {
         return status;

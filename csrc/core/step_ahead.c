@@ -130,12 +130,10 @@ glmrt_status glmrt_step_ahead_launch(glmrt_engine *engine, glmrt_step_flight *ou
     int32_t pages = 0;
     int32_t n = choose_sequences(engine, flight, to, &pages);
     if (n <= 0) {
-        return glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
-                               "no request of the step in flight can run a step ahead of it");
+        return GLMRT_ERR_INVARIANT;
     }
     if (pages > glmrt_kv_pages_available(&engine->kv_pages)) {
-        return glmrt_error_set(&engine->error, GLMRT_ERR_OUT_OF_PAGES, "a step ahead needs %d pages, %d free", pages,
-                               glmrt_kv_pages_available(&engine->kv_pages));
+        return GLMRT_ERR_OUT_OF_PAGES;
     }
     glmrt_status status = allocate_pages(engine, to, n);
     if (status != GLMRT_OK) {

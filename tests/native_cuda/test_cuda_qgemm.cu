@@ -361,6 +361,15 @@ static long glmrt_qtest_wide_tiles_differ(glmrt_cuda_matrix *m, const glmrt_cuda
     return differing;
 }
 
+static std::vector<float> glmrt_qtest_random_bias(glmrt_test_rng *rng, int32_t n)
+{
+    std::vector<float> bias((size_t)n);
+    for (float &v : bias) {
+        v = glmrt_test_normal(rng) * 0.1f;
+    }
+    return bias;
+}
+
 static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
                               int32_t cols, int32_t allow_split)
 {
@@ -373,10 +382,7 @@ static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     const int32_t m_rows = 300;
     const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
     glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, m_rows, cols);
-    std::vector<float> bias((size_t)n);
-    for (float &v : bias) {
-        v = glmrt_test_normal(rng) * 0.1f;
-    }
+    std::vector<float> bias = glmrt_qtest_random_bias(rng, n);
     float *d_x = glmrt_test_upload(x.x);
     float *d_bias = glmrt_test_upload(bias);
     float *d_y = glmrt_test_alloc<float>((size_t)m_rows * n);
@@ -483,10 +489,7 @@ static void glmrt_qtest_wide(glmrt_test_report *report, glmrt_test_rng *rng, con
     const int32_t n = h.m.rows;
     const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
     glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, m_rows, cols);
-    std::vector<float> bias((size_t)n);
-    for (float &v : bias) {
-        v = glmrt_test_normal(rng) * 0.1f;
-    }
+    std::vector<float> bias = glmrt_qtest_random_bias(rng, n);
     float *d_x = glmrt_test_upload(x.x);
     float *d_bias = glmrt_test_upload(bias);
     const size_t y_count = (size_t)m_rows * stride;

@@ -599,7 +599,7 @@ static glmrt_status glmrt_group_check_usable(glmrt_cuda_group *group)
 
 int32_t glmrt_cuda_group_feeds_sampled_tokens(const glmrt_cuda_group *group)
 {
-    return group->num_ranks == 1 && group->num_input_buffers == GLMRT_CUDA_FLIGHTS;
+    return group->num_input_buffers == GLMRT_CUDA_FLIGHTS;
 }
 
 static uint8_t *glmrt_group_take_inputs(glmrt_cuda_group *group)
