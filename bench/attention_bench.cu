@@ -22,6 +22,7 @@ typedef struct glmrt_bench_case {
     int32_t context;
     int32_t chunk;
     int32_t prefill_path;
+    int32_t decode_path;
 } glmrt_bench_case;
 
 typedef struct glmrt_bench_batch {
@@ -161,6 +162,7 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
     args.partial_out = partial_out;
     args.partial_stats = partial_stats;
     args.prefill_path = c->prefill_path;
+    args.decode_path = c->decode_path;
     const int decode = c->chunk == 0;
     args.items = decode ? view.decode_items : view.prefill_items;
     args.num_items = decode ? counts.num_decode_items : counts.num_prefill_items;
@@ -208,14 +210,18 @@ static int glmrt_bench_run(const glmrt_bench_case *c, uint16_t *kv_cache, int32_
 int main(void)
 {
     const glmrt_bench_case cases[] = {
-        {"decode", 64, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO},
-        {"decode", 256, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO},
-        {"decode", 8, 8192, 0, GLMRT_ATTENTION_PREFILL_AUTO},
-        {"decode", 1, 32768, 0, GLMRT_ATTENTION_PREFILL_AUTO},
-        {"prefill", 1, 2048, 2048, GLMRT_ATTENTION_PREFILL_AUTO},
-        {"prefill", 1, 8192, 2048, GLMRT_ATTENTION_PREFILL_AUTO},
-        {"prefill mma.sync", 1, 2048, 2048, GLMRT_ATTENTION_PREFILL_MMA},
-        {"prefill mma.sync", 1, 8192, 2048, GLMRT_ATTENTION_PREFILL_MMA},
+        {"decode", 64, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"decode", 256, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"decode", 8, 8192, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"decode", 1, 32768, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"decode", 1, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"decode one block an item", 1, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_BLOCK},
+        {"decode spread over a cluster", 1, 1024, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_SPREAD},
+        {"decode spread over a cluster", 1, 32768, 0, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_SPREAD},
+        {"prefill", 1, 2048, 2048, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"prefill", 1, 8192, 2048, GLMRT_ATTENTION_PREFILL_AUTO, GLMRT_ATTENTION_DECODE_AUTO},
+        {"prefill mma.sync", 1, 2048, 2048, GLMRT_ATTENTION_PREFILL_MMA, GLMRT_ATTENTION_DECODE_AUTO},
+        {"prefill mma.sync", 1, 8192, 2048, GLMRT_ATTENTION_PREFILL_MMA, GLMRT_ATTENTION_DECODE_AUTO},
     };
     const int32_t num_pages = 256 * 1024 / GLMRT_BENCH_PAGE_SIZE + 64;
     const int32_t num_heads = GLMRT_BENCH_KV_HEADS * GLMRT_BENCH_GROUP;

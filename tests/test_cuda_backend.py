@@ -28,6 +28,9 @@ KERNEL_DRIVERS = ("test_cuda_fp8", "test_cuda_gemm", "test_cuda_qgemm", "test_cu
 ENGINE_OPTIONS = dict(max_batch=16, max_tokens_per_step=256, kv_page_size=16, kv_num_pages=512)
 
 
+DECODE_GRAPH_BUCKETS = (1, 2, 4, 8, 16)
+DECODE_GRAPHS_A_BLOCK_AND_SPREAD = 2
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_ready(), reason="needs an NVIDIA GPU and build/libglmrt_cuda.so")]
 
@@ -237,7 +240,7 @@ def test_cuda_decode_graphs_equal_direct_launches_bit_for_bit(weight_format):
     model_dir = build_test_model(weight_format)
     with Engine(model_dir, backend="cuda", **ENGINE_OPTIONS) as graphs, \
             Engine(model_dir, backend="cuda", decode_graphs=False, **ENGINE_OPTIONS) as direct:
-        assert graphs.info().num_decode_graphs == 5
+        assert graphs.info().num_decode_graphs == DECODE_GRAPHS_A_BLOCK_AND_SPREAD * len(DECODE_GRAPH_BUCKETS)
         assert direct.info().num_decode_graphs == 0
         assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
 

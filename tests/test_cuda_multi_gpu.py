@@ -22,6 +22,9 @@ ROWS_ROUTED_BY_THEIR_OWNER = 256
 ROWS_OWNED_BATCH = 262
 ROWS_OWNED_SOLO = (0, 100, 140, 210, 261)
 
+DECODE_GRAPH_BUCKETS = (1, 2, 4, 8, 16)
+DECODE_GRAPHS_A_BLOCK_AND_SPREAD = 2
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_ready() or cuda_device_count() < 2,
                                  reason="needs two NVIDIA GPUs and build/libglmrt_cuda.so")]
@@ -114,7 +117,7 @@ def test_split_decode_graphs_equal_direct_launches_bit_for_bit(num_devices):
     with Engine(model_dir, backend="cuda", num_devices=num_devices, **ENGINE_OPTIONS) as graphs, \
             Engine(model_dir, backend="cuda", num_devices=num_devices, decode_graphs=False,
                    **ENGINE_OPTIONS) as direct:
-        assert graphs.info().num_decode_graphs == 5
+        assert graphs.info().num_decode_graphs == DECODE_GRAPHS_A_BLOCK_AND_SPREAD * len(DECODE_GRAPH_BUCKETS)
         assert direct.info().num_decode_graphs == 0
         assert_equal_decode_rows(graphs, direct, (1, 3, 6, 16), (1, 509), 17, 8)
 

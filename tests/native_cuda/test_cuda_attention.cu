@@ -115,6 +115,7 @@ typedef struct glmrt_attention_data {
     int32_t num_heads;
     int32_t grid_limit;
     int32_t prefill_path;
+    int32_t decode_path;
     glmrt_cuda_step_counts counts;
 } glmrt_attention_data;
 
@@ -131,6 +132,7 @@ static void glmrt_attention_fill(glmrt_attention_data *a, const glmrt_attention_
     glmrt_fake_batch_build(&a->f, seqs, s, rng);
     a->grid_limit = 0;
     a->prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
+    a->decode_path = GLMRT_ATTENTION_DECODE_AUTO;
     a->num_heads = s->num_kv_heads * s->group;
     size_t cache_elements = (size_t)s->num_layers * 2 * s->num_kv_heads * s->page_size * s->head_dim * s->num_pages;
     a->cache.resize(cache_elements);
@@ -198,6 +200,7 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
     args.partial_out = d_partial;
     args.partial_stats = d_stats;
     args.prefill_path = a->prefill_path;
+    args.decode_path = a->decode_path;
     args.items = view.decode_items;
     args.num_items = a->counts.num_decode_items;
     if (a->grid_limit > 0) {
@@ -376,6 +379,30 @@ static void glmrt_check_prefill_paths(glmrt_test_report *report, const glmrt_att
     glmrt_expect_same_rows(report, &paths[0], &paths[1], tokens, tokens, a->num_heads * s->head_dim, what);
 }
 
+static void glmrt_check_decode_paths(glmrt_test_report *report, const glmrt_attention_data *a,
+                                     const glmrt_attention_setup *s, const glmrt_cuda_split_policy *policy,
+                                     const std::vector<int32_t> &tokens, const char *label)
+{
+    if (a->counts.num_decode_items == 0) {
+        return;
+    }
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    char what[200];
+    glmrt_attention_data paths[3] = {*a, *a, *a};
+    paths[0].decode_path = GLMRT_ATTENTION_DECODE_BLOCK;
+    paths[1].decode_path = GLMRT_ATTENTION_DECODE_SPREAD;
+    paths[2].decode_path = GLMRT_ATTENTION_DECODE_SPREAD;
+    paths[2].grid_limit = 2;
+    for (glmrt_attention_data &run : paths) {
+        if (!glmrt_attention_ran(report, glmrt_attention_compute(&run, s, policy, &error), &error, label)) return;
+    }
+    snprintf(what, sizeof(what), "%s: decode by one block an item and spread over a cluster", label);
+    glmrt_expect_same_rows(report, &paths[0], &paths[1], tokens, tokens, a->num_heads * s->head_dim, what);
+    snprintf(what, sizeof(what), "%s: decode spread over a cluster, items looped over 2 clusters a head", label);
+    glmrt_expect_same_rows(report, &paths[0], &paths[2], tokens, tokens, a->num_heads * s->head_dim, what);
+}
+
 static void glmrt_check_attention(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_attention_setup *s,
                                   const glmrt_cuda_split_policy *policy, const std::vector<glmrt_fake_seq> &seqs,
                                   const char *label)
@@ -397,6 +424,7 @@ static void glmrt_check_attention(glmrt_test_report *report, glmrt_test_rng *rng
     snprintf(what, sizeof(what), "%s: items counted on the device and looped over 3 blocks a head", label);
     glmrt_expect_same_rows(report, &a, &looped, tokens, tokens, a.num_heads * s->head_dim, what);
     glmrt_check_prefill_paths(report, &a, s, policy, tokens, label);
+    glmrt_check_decode_paths(report, &a, s, policy, tokens, label);
 }
 
 typedef struct glmrt_position_pair {
@@ -442,6 +470,7 @@ static void glmrt_check_paths_agree(glmrt_test_report *report, glmrt_test_rng *r
     std::vector<int32_t> all_tokens;
     for (int32_t t = 0; t < a.f.batch.num_tokens; ++t) all_tokens.push_back(t);
     glmrt_check_prefill_paths(report, &a, s, policy, all_tokens, label);
+    glmrt_check_decode_paths(report, &a, s, policy, all_tokens, label);
     if (solo_seq < 0) return;
     std::vector<glmrt_fake_seq> solo_seqs = {seqs[solo_seq]};
     solo_seqs[0].shares = 0;
@@ -455,6 +484,7 @@ static void glmrt_check_paths_agree(glmrt_test_report *report, glmrt_test_rng *r
     b.num_heads = a.num_heads;
     b.grid_limit = 0;
     b.prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
+    b.decode_path = GLMRT_ATTENTION_DECODE_AUTO;
     b.q_stride = a.q_stride;
     b.cache = a.cache;
     int32_t start = a.f.seq_token_start[solo_seq];

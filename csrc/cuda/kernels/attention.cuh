@@ -12,6 +12,9 @@
 #define GLMRT_ATTENTION_PREFILL_AUTO 0
 #define GLMRT_ATTENTION_PREFILL_MMA 1
 #define GLMRT_ATTENTION_PREFILL_WGMMA 2
+#define GLMRT_ATTENTION_DECODE_AUTO 0
+#define GLMRT_ATTENTION_DECODE_BLOCK 1
+#define GLMRT_ATTENTION_DECODE_SPREAD 2
 
 typedef struct glmrt_cuda_attention_item {
     int32_t seq;
@@ -51,6 +54,7 @@ typedef struct glmrt_cuda_attention_args {
     float *partial_out;
     float *partial_stats;
     int32_t prefill_path;
+    int32_t decode_path;
 } glmrt_cuda_attention_args;
 
 typedef struct glmrt_cuda_attention_merge_args {
@@ -93,6 +97,7 @@ __host__ __device__ __forceinline__ int32_t glmrt_attention_split_span(int32_t k
 }
 
 int32_t glmrt_cuda_attention_prefill_tokens(int32_t head_dim);
+int32_t glmrt_cuda_attention_spread_items(int32_t head_dim, int32_t num_kv_heads, int32_t sms);
 int32_t glmrt_cuda_attention_prefill_path(int device, int32_t head_dim);
 glmrt_status glmrt_cuda_attention_prepare(int32_t head_dim, int32_t group, glmrt_error *error);
 glmrt_status glmrt_cuda_attention_run(const glmrt_cuda_attention_args *args, int32_t tokens_per_item,

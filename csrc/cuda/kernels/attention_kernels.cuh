@@ -21,6 +21,10 @@ glmrt_status glmrt_attention_items_launch(const glmrt_attention_kernel_choice *c
 glmrt_status glmrt_attention_decode_prepare(int32_t head_dim, glmrt_error *error);
 glmrt_status glmrt_attention_decode_launch(const glmrt_cuda_attention_args *args, cudaStream_t stream,
                                            glmrt_error *error);
+glmrt_status glmrt_attention_decode_spread_prepare(int32_t head_dim, glmrt_error *error);
+int32_t glmrt_attention_decode_spread_clusters(const glmrt_cuda_attention_args *args, int32_t sms);
+glmrt_status glmrt_attention_decode_spread_launch(const glmrt_cuda_attention_args *args, int32_t clusters,
+                                                  cudaStream_t stream, glmrt_error *error);
 glmrt_status glmrt_attention_prefill_prepare(int32_t head_dim, glmrt_error *error);
 glmrt_status glmrt_attention_prefill_launch(const glmrt_cuda_attention_args *args, cudaStream_t stream,
                                             glmrt_error *error);

@@ -97,7 +97,7 @@ struct glmrt_attn_tile_rows {
     static constexpr int row_bytes = PANELS ? GLMRT_ATTN_PANEL_ROW_BYTES : HD * 2;
 };
 
-template <int HD, int THREADS, bool PANELS = false, typename PageOf>
+template <int HD, int THREADS, bool PANELS = false, bool VALUES = true, typename PageOf>
 __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attention_args &args, int32_t kv_head,
                                                         int32_t tile_start, int32_t key_limit, PageOf page_of,
                                                         uint32_t k_tile, uint32_t v_tile)
@@ -125,10 +125,14 @@ __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attenti
             const int32_t slot = key - page_index * page_size;
             const char *src = keys + (int64_t)page_of(pass, page_index) * page_bytes + slot * (HD * 2);
             glmrt_attn_cp_async(k_tile + offset, src);
-            glmrt_attn_cp_async(v_tile + offset, src + value_bytes);
+            if constexpr (VALUES) {
+                glmrt_attn_cp_async(v_tile + offset, src + value_bytes);
+            }
         } else {
             glmrt_attn_cp_async_zero(k_tile + offset, keys);
-            glmrt_attn_cp_async_zero(v_tile + offset, keys);
+            if constexpr (VALUES) {
+                glmrt_attn_cp_async_zero(v_tile + offset, keys);
+            }
         }
     }
 }

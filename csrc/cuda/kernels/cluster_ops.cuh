@@ -15,6 +15,16 @@ __device__ __forceinline__ void glmrt_cluster_sync(void)
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void glmrt_cluster_arrive_relaxed(void)
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void glmrt_cluster_wait(void)
+{
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
 __device__ __forceinline__ float glmrt_cluster_load(const float *local, uint32_t rank)
 {
     const uint32_t address = (uint32_t)__cvta_generic_to_shared(local);

@@ -117,6 +117,7 @@ typedef struct glmrt_cuda_matmuls {
 typedef struct glmrt_cuda_decode_graphs {
     int32_t count;
     int32_t buckets[GLMRT_CUDA_MAX_DECODE_GRAPHS];
+    int32_t spread[GLMRT_CUDA_MAX_DECODE_GRAPHS];
     cudaGraphExec_t execs[GLMRT_CUDA_MAX_DECODE_GRAPHS];
     int64_t bytes;
 } glmrt_cuda_decode_graphs;
@@ -196,11 +197,12 @@ glmrt_status glmrt_cuda_forward_packed(glmrt_cuda_state *st, const glmrt_cuda_st
                                        const uint8_t *host_inputs, float *out_logits, glmrt_token *out_sampled);
 int glmrt_cuda_forward_can_own_rows(const glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
-                                        cudaGraphExec_t *out);
+                                        int32_t decode_path, cudaGraphExec_t *out);
 glmrt_status glmrt_cuda_forward_padded_warm_up(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
                                                const uint8_t *host_inputs);
 int32_t glmrt_cuda_decode_graph_grid(const glmrt_cuda_state *st, int32_t bucket);
-cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket);
+int32_t glmrt_cuda_decode_graph_spread_items(const glmrt_cuda_state *st);
+cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket, int32_t decode_items);
 int32_t glmrt_cuda_decode_graph_bucket(const glmrt_cuda_state *st, const glmrt_step_batch *batch);
 int glmrt_cuda_decode_graphs_wanted(const glmrt_cuda_state *st);
 glmrt_status glmrt_cuda_decode_graphs_pack_warm_up(const glmrt_cuda_state *st, uint8_t *host_inputs,

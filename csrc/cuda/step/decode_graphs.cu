@@ -43,14 +43,27 @@ int32_t glmrt_cuda_decode_graph_grid(const glmrt_cuda_state *st, int32_t bucket)
     return grid < items ? grid : items;
 }
 
-cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket)
+int32_t glmrt_cuda_decode_graph_spread_items(const glmrt_cuda_state *st)
 {
+    return glmrt_cuda_attention_spread_items(st->dims.head_dim, st->dims.num_kv_heads, st->num_sms);
+}
+
+cudaGraphExec_t glmrt_cuda_decode_graph_of(const glmrt_cuda_state *st, int32_t bucket, int32_t decode_items)
+{
+    const int spread = decode_items <= glmrt_cuda_decode_graph_spread_items(st);
+    cudaGraphExec_t block_graph = nullptr;
     for (int32_t i = 0; i < st->graphs.count; ++i) {
-        if (st->graphs.buckets[i] == bucket) {
+        if (st->graphs.buckets[i] != bucket) {
+            continue;
+        }
+        if (st->graphs.spread[i] == spread) {
             return st->graphs.execs[i];
         }
+        if (!st->graphs.spread[i]) {
+            block_graph = st->graphs.execs[i];
+        }
     }
-    return nullptr;
+    return block_graph;
 }
 
 int32_t glmrt_cuda_decode_graph_bucket(const glmrt_cuda_state *st, const glmrt_step_batch *batch)
@@ -83,21 +96,37 @@ glmrt_status glmrt_cuda_decode_graphs_pack_warm_up(const glmrt_cuda_state *st, u
                                        &padding, host_inputs, out_counts, error);
 }
 
+static glmrt_status glmrt_decode_graph_add(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts, int32_t rows,
+                                            int32_t spread)
+{
+    if (st->graphs.count >= GLMRT_CUDA_MAX_DECODE_GRAPHS) {
+        return GLMRT_OK;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const int32_t path = spread ? GLMRT_ATTENTION_DECODE_SPREAD : GLMRT_ATTENTION_DECODE_BLOCK;
+    GLMRT_TRY(glmrt_cuda_forward_capture(st, counts, path, &exec));
+    st->graphs.buckets[st->graphs.count] = rows;
+    st->graphs.spread[st->graphs.count] = spread;
+    st->graphs.execs[st->graphs.count] = exec;
+    st->graphs.count += 1;
+    return GLMRT_OK;
+}
+
 static glmrt_status glmrt_decode_graphs_capture_all(glmrt_cuda_state *st, const glmrt_cuda_step_counts *warm_up,
                                                     const uint8_t *host_inputs)
 {
     int32_t limit = glmrt_decode_bucket_limit(st);
+    const int32_t spread_items = glmrt_cuda_decode_graph_spread_items(st);
     GLMRT_TRY(glmrt_cuda_forward_padded_warm_up(st, warm_up, host_inputs));
     for (int32_t bucket = 1; bucket > 0 && st->graphs.count < GLMRT_CUDA_MAX_DECODE_GRAPHS;
          bucket = bucket >= limit ? 0 : glmrt_decode_bucket_after(bucket)) {
         int32_t rows = bucket < limit ? bucket : limit;
         glmrt_cuda_step_counts counts;
         GLMRT_TRY(glmrt_cuda_step_bucket_counts(&st->capacity, rows, &counts, st->error));
-        cudaGraphExec_t exec = nullptr;
-        GLMRT_TRY(glmrt_cuda_forward_capture(st, &counts, &exec));
-        st->graphs.buckets[st->graphs.count] = rows;
-        st->graphs.execs[st->graphs.count] = exec;
-        st->graphs.count += 1;
+        GLMRT_TRY(glmrt_decode_graph_add(st, &counts, rows, 0));
+        if (rows <= spread_items) {
+            GLMRT_TRY(glmrt_decode_graph_add(st, &counts, rows, 1));
+        }
     }
     return GLMRT_OK;
 }

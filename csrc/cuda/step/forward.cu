@@ -25,6 +25,7 @@ typedef struct glmrt_step_context {
     cudaStream_t stream;
     int32_t rows_owned;
     int32_t routes_own_rows;
+    int32_t decode_path;
 } glmrt_step_context;
 
 typedef struct glmrt_step_rows {
@@ -352,13 +353,16 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.partial_out = ws->partial_out;
     attention.partial_stats = ws->partial_stats;
     attention.prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
+    attention.decode_path = step->decode_path;
     attention.items = step->view.decode_items;
     attention.num_items = step->counts->num_decode_items;
     attention.device_num_items = nullptr;
     attention.max_grid_items = 0;
     if (step->counts->bucket > 0) {
         attention.device_num_items = &step->view.device_counts->num_decode_items;
-        attention.max_grid_items = glmrt_cuda_decode_graph_grid(st, step->counts->bucket);
+        attention.max_grid_items = step->decode_path == GLMRT_ATTENTION_DECODE_SPREAD
+                                       ? glmrt_cuda_decode_graph_spread_items(st)
+                                       : glmrt_cuda_decode_graph_grid(st, step->counts->bucket);
     }
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, 1, step->stream, step->error));
     attention.items = step->view.prefill_items;
@@ -740,6 +744,7 @@ static void glmrt_step_context_init(glmrt_cuda_state *st, const glmrt_cuda_step_
                                     glmrt_step_context *step)
 {
     step->state = st;
+    step->decode_path = GLMRT_ATTENTION_DECODE_AUTO;
     step->counts = counts;
     step->error = st->error;
     step->stream = st->stream;
@@ -767,7 +772,8 @@ static glmrt_status glmrt_step_launch(glmrt_step_context *step)
     if (step->counts->bucket <= 0) {
         return glmrt_step_body(step);
     }
-    cudaGraphExec_t graph = glmrt_cuda_decode_graph_of(step->state, step->counts->bucket);
+    cudaGraphExec_t graph =
+        glmrt_cuda_decode_graph_of(step->state, step->counts->bucket, step->counts->num_decode_items);
     if (graph == nullptr) {
         return glmrt_error_set(step->error, GLMRT_ERR_INVARIANT, "no decode graph was captured for %d rows",
                                step->counts->bucket);
@@ -784,11 +790,12 @@ static void glmrt_forward_mark_waiting(glmrt_cuda_state *st, int32_t waiting)
 }
 
 glmrt_status glmrt_cuda_forward_capture(glmrt_cuda_state *st, const glmrt_cuda_step_counts *counts,
-                                        cudaGraphExec_t *out)
+                                        int32_t decode_path, cudaGraphExec_t *out)
 {
     *out = nullptr;
     glmrt_step_context step;
     glmrt_step_context_init(st, counts, &step);
+    step.decode_path = decode_path;
     GLMRT_CUDA_TRY(st->error, cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal));
     glmrt_status status = glmrt_step_body(&step);
     cudaGraph_t graph = nullptr;
