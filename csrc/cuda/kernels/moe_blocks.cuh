@@ -307,7 +307,8 @@ static __device__ glmrt_dispatch_lane glmrt_dispatch_lane_order(const glmrt_cuda
     order.tiles_before = 0;
     order.total_rows = 0;
     order.total_tiles = 0;
-    for (int src = 0; src < 32; ++src) {
+    const int assignments = min(32, args.num_tokens * args.top_k);
+    for (int src = 0; src < assignments; ++src) {
         const int32_t other = __shfl_sync(GLMRT_FULL_MASK, order.local, src);
         const int32_t other_tiles = __shfl_sync(GLMRT_FULL_MASK, tiles, src);
         if (other >= 0) {
