@@ -2,10 +2,13 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FP8_CUBE = 8192
+SUSTAINED_SECONDS = 3.0
+SUSTAINED_BATCH = 25
 
 
 def parse_args(argv):
@@ -44,7 +47,7 @@ def copy_bandwidth(torch):
     return 2.0 * source.numel() / seconds
 
 
-def fp8_dense_rate(torch):
+def fp8_cube_product(torch):
     generator = torch.Generator(device="cuda").manual_seed(0)
     a = (torch.randn(FP8_CUBE, FP8_CUBE, device="cuda", generator=generator) * 0.5).to(torch.float8_e4m3fn)
     b = (torch.randn(FP8_CUBE, FP8_CUBE, device="cuda", generator=generator) * 0.5).to(torch.float8_e4m3fn)
@@ -55,10 +58,35 @@ def fp8_dense_rate(torch):
     def product():
         return torch._scaled_mm(a, b_columns, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
 
+    return product
+
+
+def fp8_dense_rate(torch):
+    product = fp8_cube_product(torch)
     for _ in range(3):
         product()
     seconds = median_seconds(torch, product)
     return 2.0 * FP8_CUBE ** 3 / seconds
+
+
+def fp8_sustained_rate(torch, seconds=SUSTAINED_SECONDS, batch=SUSTAINED_BATCH):
+    product = fp8_cube_product(torch)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    settle_until = time.perf_counter() + seconds - 1.0
+    while time.perf_counter() < settle_until:
+        for _ in range(batch):
+            product()
+        torch.cuda.synchronize()
+    start.record()
+    count = 0
+    measure_until = time.perf_counter() + 1.0
+    while time.perf_counter() < measure_until:
+        for _ in range(batch):
+            product()
+        count += batch
+    stop.record()
+    stop.synchronize()
+    return 2.0 * FP8_CUBE ** 3 * count / (start.elapsed_time(stop) * 1e-3)
 
 
 def run_binary(path, with_high, channel_scales):
