@@ -115,17 +115,19 @@ static glmrt_status glmrt_decode_graph_add(glmrt_cuda_state *st, const glmrt_cud
 static glmrt_status glmrt_decode_graphs_capture_all(glmrt_cuda_state *st, const glmrt_cuda_step_counts *warm_up,
                                                     const uint8_t *host_inputs)
 {
-    int32_t limit = glmrt_decode_bucket_limit(st);
-    const int32_t spread_items = glmrt_cuda_decode_graph_spread_items(st);
+    const int32_t limit = glmrt_decode_bucket_limit(st);
     GLMRT_TRY(glmrt_cuda_forward_padded_warm_up(st, warm_up, host_inputs));
-    for (int32_t bucket = 1; bucket > 0 && st->graphs.count < GLMRT_CUDA_MAX_DECODE_GRAPHS;
-         bucket = bucket >= limit ? 0 : glmrt_decode_bucket_after(bucket)) {
-        int32_t rows = bucket < limit ? bucket : limit;
-        glmrt_cuda_step_counts counts;
-        GLMRT_TRY(glmrt_cuda_step_bucket_counts(&st->capacity, rows, &counts, st->error));
-        GLMRT_TRY(glmrt_decode_graph_add(st, &counts, rows, 0));
-        if (rows <= spread_items) {
-            GLMRT_TRY(glmrt_decode_graph_add(st, &counts, rows, 1));
+    for (int32_t spread = 0; spread < 2; ++spread) {
+        const int32_t most_rows = spread ? glmrt_cuda_decode_graph_spread_items(st) : limit;
+        for (int32_t bucket = 1; bucket > 0 && st->graphs.count < GLMRT_CUDA_MAX_DECODE_GRAPHS;
+             bucket = bucket >= limit ? 0 : glmrt_decode_bucket_after(bucket)) {
+            const int32_t rows = bucket < limit ? bucket : limit;
+            if (rows > most_rows) {
+                break;
+            }
+            glmrt_cuda_step_counts counts;
+            GLMRT_TRY(glmrt_cuda_step_bucket_counts(&st->capacity, rows, &counts, st->error));
+            GLMRT_TRY(glmrt_decode_graph_add(st, &counts, rows, spread));
         }
     }
     return GLMRT_OK;

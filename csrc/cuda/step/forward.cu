@@ -772,8 +772,8 @@ static glmrt_status glmrt_step_launch(glmrt_step_context *step)
     if (step->counts->bucket <= 0) {
         return glmrt_step_body(step);
     }
-    cudaGraphExec_t graph =
-        glmrt_cuda_decode_graph_of(step->state, step->counts->bucket, step->counts->num_decode_items);
+    cudaGraphExec_t graph = glmrt_cuda_decode_graph_of(step->state, step->counts->bucket,
+                                                       glmrt_cuda_step_device_decode_items(step->counts));
     if (graph == nullptr) {
         return glmrt_error_set(step->error, GLMRT_ERR_INVARIANT, "no decode graph was captured for %d rows",
                                step->counts->bucket);

@@ -329,6 +329,12 @@ static glmrt_status glmrt_step_fit_bucket(const glmrt_cuda_step_capacity *capaci
     return GLMRT_OK;
 }
 
+int32_t glmrt_cuda_step_device_decode_items(const glmrt_cuda_step_counts *counts)
+{
+    const int32_t pads = counts->bucket > counts->num_tokens ? counts->bucket - counts->num_tokens : 0;
+    return counts->num_decode_items + pads;
+}
+
 static void glmrt_step_write_pads(const glmrt_cuda_step_counts *c, int32_t pad_page, glmrt_cuda_step_view *v,
                                   glmrt_item_writer *writer)
 {

@@ -88,6 +88,7 @@ typedef struct glmrt_cuda_split_policy {
 
 int64_t glmrt_cuda_step_capacity_bytes(const glmrt_cuda_step_capacity *capacity);
 int32_t glmrt_cuda_step_bucket_items(const glmrt_cuda_step_capacity *capacity, int32_t bucket);
+int32_t glmrt_cuda_step_device_decode_items(const glmrt_cuda_step_counts *counts);
 glmrt_status glmrt_cuda_step_bucket_counts(const glmrt_cuda_step_capacity *capacity, int32_t bucket,
                                            glmrt_cuda_step_counts *counts, glmrt_error *error);
 glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
