@@ -54,6 +54,29 @@ def step_rows_until_done(engine, requests, run_step):
     return produced
 
 
+def relaunched_rows(engine, requests, on_finish=None):
+    produced = []
+    active = list(requests)
+    engine.launch(active)
+    while active:
+        tokens, codes, relaunched = engine.complete_and_relaunch()
+        produced.append((list(tokens), list(codes)))
+        finished = [request for request, code in zip(active, codes) if code != 0]
+        active = [request for request, code in zip(active, codes) if code == 0]
+        assert relaunched == bool(active)
+        if on_finish is not None:
+            for request in finished:
+                on_finish(engine, request)
+    return produced
+
+
+def stats_with_every_page_back(engine):
+    engine.check_invariants()
+    stats = engine.stats()
+    assert stats.kv_pages_free == stats.kv_pages_total
+    return stats
+
+
 def launch_then_complete(engine, requests, between_steps=None):
     engine.launch(requests)
     if between_steps is not None:

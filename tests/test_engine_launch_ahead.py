@@ -1,7 +1,8 @@
 import random
 
 import pytest
-from engine_support import build_test_model, cuda_ready, greedy, open_engine, prompt_of_length, step_rows_until_done
+from engine_support import (build_test_model, cuda_ready, greedy, open_engine, prompt_of_length, relaunched_rows,
+                            stats_with_every_page_back, step_rows_until_done)
 
 from glmrt.engine import native
 from glmrt.engine.engine import Engine, SamplingParams
@@ -16,22 +17,6 @@ def model_dir():
 def make_requests(engine, lengths, params_of):
     return [engine.create_request(prompt_of_length(5 + 7 * i, engine.vocab_size, 60 + i), params_of(i))
             for i, _ in enumerate(lengths)]
-
-
-def relaunched_rows(engine, requests, on_finish=None):
-    produced = []
-    active = list(requests)
-    engine.launch(active)
-    while active:
-        tokens, codes, relaunched = engine.complete_and_relaunch()
-        produced.append((list(tokens), list(codes)))
-        finished = [request for request, code in zip(active, codes) if code != 0]
-        active = [request for request, code in zip(active, codes) if code == 0]
-        assert relaunched == bool(active)
-        if on_finish is not None:
-            for request in finished:
-                on_finish(engine, request)
-    return produced
 
 
 CPU_AHEAD = dict(launch_ahead="always")
@@ -53,9 +38,7 @@ def ahead_rows(model_dir, lengths, params_of, on_finish=None, **options):
         for request in requests:
             if on_finish is None:
                 engine.free_request(request)
-        engine.check_invariants()
-        stats = engine.stats()
-        assert stats.kv_pages_free == stats.kv_pages_total
+        stats = stats_with_every_page_back(engine)
         assert stats.live_requests == 0
         return rows, stats
 
@@ -128,9 +111,7 @@ def test_a_batch_that_stops_entirely_under_a_step_ahead_lets_the_next_batch_run(
         follow = engine.create_request(follow_prompt, greedy(4))
         assert relaunched_rows(engine, [follow]) == expected_follow
         engine.free_request(follow)
-        engine.check_invariants()
-        stats = engine.stats()
-        assert stats.kv_pages_free == stats.kv_pages_total
+        stats_with_every_page_back(engine)
 
 
 def test_seeded_sampling_draws_the_same_tokens_a_step_ahead(model_dir):
@@ -243,9 +224,7 @@ def run_ahead_churn(engine, steps_wanted, seed):
             engine.check_invariants()
     for request in live:
         engine.free_request(request)
-    engine.check_invariants()
-    stats = engine.stats()
-    assert stats.kv_pages_free == stats.kv_pages_total
+    stats = stats_with_every_page_back(engine)
     assert stats.live_requests == 0
     return stats
 
@@ -276,9 +255,7 @@ def test_prefix_cache_hits_and_registrations_match_with_steps_ahead(model_dir):
                 rows.append(relaunched_rows(engine, requests))
                 for request in requests:
                     engine.free_request(request)
-            engine.check_invariants()
-            stats = engine.stats()
-            assert stats.kv_pages_free == stats.kv_pages_total
+            stats = stats_with_every_page_back(engine)
             return rows, stats
 
     expected, plain = run("off")
@@ -308,6 +285,4 @@ def test_a_request_stopped_under_a_step_ahead_gives_back_the_page_that_step_took
         follow = engine.create_request(prompt, greedy(3))
         assert [row[0][0] for row in relaunched_rows(engine, [follow])][0] == first
         engine.free_request(follow)
-        engine.check_invariants()
-        stats = engine.stats()
-        assert stats.kv_pages_free == stats.kv_pages_total
+        stats_with_every_page_back(engine)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 from engine_support import (build_test_model, greedy, launch_then_complete, open_engine, prompt_of_length,
-                            step_rows_until_done)
+                            relaunched_rows, step_rows_until_done)
 
 from glmrt.engine import native
 from glmrt.engine.engine import Engine
@@ -152,14 +152,7 @@ def test_the_cpu_forward_lets_other_python_threads_run(model_dir):
 
 
 def relaunched_rows_until_done(engine, requests):
-    produced = []
-    active = list(requests)
-    engine.launch(active)
-    while active:
-        tokens, codes, relaunched = engine.complete_and_relaunch()
-        produced.append((list(tokens), list(codes)))
-        active = [request for request, code in zip(active, codes) if code == 0]
-        assert relaunched == bool(active)
+    produced = relaunched_rows(engine, requests)
     expect_refusal(engine.complete, "no step is in flight")
     return produced
 

@@ -54,6 +54,22 @@ void glmrt_step_release_pages(glmrt_engine *engine, glmrt_step_scratch *scratch,
     }
 }
 
+glmrt_status glmrt_step_take_fresh_pages(glmrt_engine *engine, glmrt_step_scratch *scratch, int32_t num_seqs)
+{
+    for (int32_t s = 0; s < num_seqs; ++s) {
+        glmrt_request *request = scratch->seq_requests[s];
+        int32_t fresh = scratch->seq_new_pages[s];
+        glmrt_status status = glmrt_kv_pages_alloc(&engine->kv_pages, fresh, request->page_table + request->num_pages,
+                                                   &engine->error);
+        if (status != GLMRT_OK) {
+            glmrt_step_release_pages(engine, scratch, num_seqs, s);
+            return status;
+        }
+        request->num_pages += fresh;
+    }
+    return GLMRT_OK;
+}
+
 static glmrt_status acquire_prefix_hits(glmrt_engine *engine, int32_t s)
 {
     glmrt_step_scratch *scratch = &engine->scratch;
@@ -95,18 +111,7 @@ static glmrt_status allocate_step_pages(glmrt_engine *engine, int32_t num_seqs)
             return status;
         }
     }
-    for (int32_t s = 0; s < num_seqs; ++s) {
-        glmrt_request *request = scratch->seq_requests[s];
-        int32_t fresh = scratch->seq_new_pages[s];
-        glmrt_status status = glmrt_kv_pages_alloc(&engine->kv_pages, fresh, request->page_table + request->num_pages,
-                                                   &engine->error);
-        if (status != GLMRT_OK) {
-            glmrt_step_release_pages(engine, scratch, num_seqs, s);
-            return status;
-        }
-        request->num_pages += fresh;
-    }
-    return GLMRT_OK;
+    return glmrt_step_take_fresh_pages(engine, scratch, num_seqs);
 }
 
 void glmrt_step_batch_point(glmrt_step_batch *batch, const glmrt_step_scratch *scratch, int32_t num_tokens,

@@ -86,22 +86,6 @@ static int32_t choose_sequences(glmrt_engine *engine, const glmrt_step_flight *f
     return n;
 }
 
-static glmrt_status allocate_pages(glmrt_engine *engine, glmrt_step_scratch *to, int32_t n)
-{
-    for (int32_t s = 0; s < n; ++s) {
-        glmrt_request *request = to->seq_requests[s];
-        int32_t fresh = to->seq_new_pages[s];
-        glmrt_status status = glmrt_kv_pages_alloc(&engine->kv_pages, fresh, request->page_table + request->num_pages,
-                                                   &engine->error);
-        if (status != GLMRT_OK) {
-            glmrt_step_release_pages(engine, to, s, s);
-            return status;
-        }
-        request->num_pages += fresh;
-    }
-    return GLMRT_OK;
-}
-
 static void fill_sequence(glmrt_step_scratch *to, const glmrt_step_scratch *from, int32_t s, int feed_on_device)
 {
     glmrt_request *request = to->seq_requests[s];
@@ -135,7 +119,7 @@ glmrt_status glmrt_step_ahead_launch(glmrt_engine *engine, glmrt_step_flight *ou
     if (pages > glmrt_kv_pages_available(&engine->kv_pages)) {
         return GLMRT_ERR_OUT_OF_PAGES;
     }
-    glmrt_status status = allocate_pages(engine, to, n);
+    glmrt_status status = glmrt_step_take_fresh_pages(engine, to, n);
     if (status != GLMRT_OK) {
         return status;
     }

@@ -5,6 +5,7 @@
 
 void glmrt_step_release_pages(glmrt_engine *engine, glmrt_step_scratch *scratch, int32_t num_seqs,
                               int32_t num_allocated);
+glmrt_status glmrt_step_take_fresh_pages(glmrt_engine *engine, glmrt_step_scratch *scratch, int32_t num_seqs);
 void glmrt_step_mark_in_flight(glmrt_request *const *requests, int32_t n, int32_t in_flight);
 void glmrt_step_batch_point(glmrt_step_batch *batch, const glmrt_step_scratch *scratch, int32_t num_tokens,
                             int32_t num_seqs, int32_t num_samples);

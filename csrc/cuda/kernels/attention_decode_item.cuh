@@ -34,7 +34,7 @@ __device__ __forceinline__ void glmrt_decode_values(float (*acc)[4], const uint3
                                                     int warp, int lane)
 {
     using shape = glmrt_decode_shape<HD, STAGES>;
-    const int key_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int key_row = glmrt_decode_fragment_row(lane);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
         const uint32_t rows = v_tile + (uint32_t)(ks * 16 * shape::row_bytes);
@@ -153,20 +153,13 @@ __device__ __forceinline__ void glmrt_decode_item(const glmrt_cuda_attention_arg
         }
         glmrt_decode_values<HD, STAGES>(acc, p_frag, v_tile, warp, lane);
         if (warp == 0) {
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                glmrt_attn_mma(sum_frag, p_frag[ks], GLMRT_ATTN_BF16X2_ONES, GLMRT_ATTN_BF16X2_ONES);
-            }
+            glmrt_decode_add_weight_sums(sum_frag, p_frag);
         }
         run_max[0] = new_max[0];
         run_max[1] = new_max[1];
     }
     glmrt_attn_cp_async_wait<0>();
-    if (warp == 0 && t == 0) {
-        row_sum[g] = sum_frag[0];
-        row_sum[g + 8] = sum_frag[2];
-    }
-    __syncthreads();
+    glmrt_decode_share_row_sums(row_sum, sum_frag, warp == 0, lane);
     const int64_t num_kv_heads = args.kv.num_kv_heads;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

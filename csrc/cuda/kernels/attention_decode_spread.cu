@@ -9,10 +9,15 @@
 #define GLMRT_SPREAD_PARITIES 2
 #define GLMRT_SPREAD_BLOCKS_AN_SM 2
 
+__host__ __device__ constexpr int32_t glmrt_spread_blocks(int32_t head_dim)
+{
+    return head_dim / (8 * GLMRT_SPREAD_SLICE_CHUNKS);
+}
+
 template <int HD>
 struct glmrt_spread_shape {
     using tile = glmrt_decode_shape<HD, 1>;
-    static constexpr int blocks = HD / (8 * GLMRT_SPREAD_SLICE_CHUNKS);
+    static constexpr int blocks = glmrt_spread_blocks(HD);
     static constexpr int round_tiles = blocks * GLMRT_SPREAD_TILES_A_BLOCK;
     static constexpr int slice_dims = 8 * GLMRT_SPREAD_SLICE_CHUNKS;
     static constexpr int slice_tile_bytes = GLMRT_ATTENTION_KEY_TILE * 16 * GLMRT_SPREAD_SLICE_CHUNKS;
@@ -40,13 +45,6 @@ typedef struct glmrt_spread_round {
     int32_t tiles;
     int32_t parity;
 } glmrt_spread_round;
-
-__device__ __forceinline__ void glmrt_spread_remote_store(uint32_t local, uint32_t rank, uint32_t value)
-{
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(value) : "memory");
-}
 
 template <int HD>
 __device__ __forceinline__ void glmrt_spread_load_keys(const glmrt_cuda_attention_args &args,
@@ -158,8 +156,8 @@ __device__ __forceinline__ void glmrt_spread_round_maxes(float (*score)[glmrt_de
             const uint32_t slot =
                 round_max + (uint32_t)(((round.parity * shape::round_tiles + in_round) * GLMRT_DECODE_ROWS + g) * 4);
             for (int peer = t; peer < shape::blocks; peer += 4) {
-                glmrt_spread_remote_store(slot, (uint32_t)peer, __float_as_uint(block_max[0]));
-                glmrt_spread_remote_store(slot + 32u, (uint32_t)peer, __float_as_uint(block_max[1]));
+                glmrt_cluster_store(slot, (uint32_t)peer, __float_as_uint(block_max[0]));
+                glmrt_cluster_store(slot + 32u, (uint32_t)peer, __float_as_uint(block_max[1]));
             }
         }
     }
@@ -167,8 +165,7 @@ __device__ __forceinline__ void glmrt_spread_round_maxes(float (*score)[glmrt_de
 
 template <int HD>
 __device__ __forceinline__ void glmrt_decode_spread_item(const glmrt_cuda_attention_args &args,
-                                                         const glmrt_cuda_attention_item item, uint8_t *spread_shared,
-                                                         int32_t *parity)
+                                                         const glmrt_cuda_attention_item item, uint8_t *spread_shared)
 {
     using shape = glmrt_spread_shape<HD>;
     using tile = typename shape::tile;
@@ -203,7 +200,7 @@ __device__ __forceinline__ void glmrt_decode_spread_item(const glmrt_cuda_attent
         glmrt_spread_round round;
         round.first_tile = first;
         round.tiles = min(shape::round_tiles, num_tiles - first);
-        round.parity = *parity;
+        round.parity = (first / shape::round_tiles) % GLMRT_SPREAD_PARITIES;
         glmrt_spread_load_keys<HD>(args, item, pages, round, num_tiles, rank, base);
         glmrt_spread_load_values<HD>(args, item, pages, round, rank, v_base);
         glmrt_attn_cp_async_wait<1>();
@@ -256,14 +253,14 @@ __device__ __forceinline__ void glmrt_decode_spread_item(const glmrt_cuda_attent
                 const uint32_t at_bottom = p_tile + glmrt_attn_chunk_offset<8>(g + 8, col >> 3) + (col & 7) * 2;
 #pragma unroll
                 for (int peer = 0; peer < shape::blocks; ++peer) {
-                    glmrt_spread_remote_store(at_top, (uint32_t)peer, top);
-                    glmrt_spread_remote_store(at_bottom, (uint32_t)peer, bottom);
+                    glmrt_cluster_store(at_top, (uint32_t)peer, top);
+                    glmrt_cluster_store(at_bottom, (uint32_t)peer, bottom);
                 }
             }
         }
         glmrt_attn_cp_async_wait<0>();
         glmrt_cluster_sync();
-        const int key_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int key_row = glmrt_decode_fragment_row(lane);
 #pragma unroll
         for (int i = 0; i < shape::round_tiles; ++i) {
             if (i >= round.tiles) {
@@ -296,24 +293,16 @@ __device__ __forceinline__ void glmrt_decode_spread_item(const glmrt_cuda_attent
                 }
                 if (warp == shape::sum_warp) {
                     glmrt_attn_scale_rows(sum_frag, alpha);
-#pragma unroll
-                    for (int ks = 0; ks < 4; ++ks) {
-                        glmrt_attn_mma(sum_frag, p_frag[ks], GLMRT_ATTN_BF16X2_ONES, GLMRT_ATTN_BF16X2_ONES);
-                    }
+                    glmrt_decode_add_weight_sums(sum_frag, p_frag);
                 }
             }
         }
-        *parity ^= 1;
         __syncthreads();
     }
     if (num_tiles == 0) {
         glmrt_cluster_wait();
     }
-    if (warp == shape::sum_warp && t == 0) {
-        row_sum[g] = sum_frag[0];
-        row_sum[g + 8] = sum_frag[2];
-    }
-    __syncthreads();
+    glmrt_decode_share_row_sums(row_sum, sum_frag, warp == shape::sum_warp, lane);
     const int64_t num_kv_heads = args.kv.num_kv_heads;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -356,9 +345,8 @@ __global__ void __launch_bounds__(glmrt_decode_shape<HD, 1>::threads, GLMRT_SPRE
     const int32_t clusters = (int32_t)gridDim.x / shape::blocks;
     if (count <= clusters) {
         const int32_t index = (int32_t)blockIdx.x / shape::blocks;
-        int32_t parity = 0;
         if (index < count) {
-            glmrt_decode_spread_item<HD>(args, args.items[index], spread_shared, &parity);
+            glmrt_decode_spread_item<HD>(args, args.items[index], spread_shared);
         }
         return;
     }
@@ -368,36 +356,33 @@ __global__ void __launch_bounds__(glmrt_decode_shape<HD, 1>::threads, GLMRT_SPRE
     }
 }
 
-typedef void (*glmrt_spread_kernel_fn)(glmrt_cuda_attention_args);
-
 template <int HD>
-static glmrt_spread_kernel_fn glmrt_spread_pick_dim(size_t *shared, int *threads, int *blocks)
+static glmrt_attention_kernel_choice glmrt_spread_choice_of(void)
 {
-    *shared = glmrt_spread_shape<HD>::shared_bytes;
-    *threads = glmrt_spread_shape<HD>::tile::threads;
-    *blocks = glmrt_spread_shape<HD>::blocks;
-    return glmrt_attention_decode_spread_kernel<HD>;
+    glmrt_attention_kernel_choice choice = {glmrt_attention_decode_spread_kernel<HD>, glmrt_spread_shape<HD>::shared_bytes,
+                                            glmrt_spread_shape<HD>::tile::threads, "spread decode attention"};
+    return choice;
 }
 
-static glmrt_spread_kernel_fn glmrt_spread_pick(int32_t head_dim, size_t *shared, int *threads, int *blocks)
+static glmrt_attention_kernel_choice glmrt_spread_pick(int32_t head_dim)
 {
     switch (head_dim) {
-    case 32: return glmrt_spread_pick_dim<32>(shared, threads, blocks);
-    case 64: return glmrt_spread_pick_dim<64>(shared, threads, blocks);
-    case 128: return glmrt_spread_pick_dim<128>(shared, threads, blocks);
-    default: return nullptr;
+    case 32: return glmrt_spread_choice_of<32>();
+    case 64: return glmrt_spread_choice_of<64>();
+    case 128: return glmrt_spread_choice_of<128>();
+    default: {
+        glmrt_attention_kernel_choice none = {nullptr, 0, 0, "spread decode attention"};
+        return none;
+    }
     }
 }
 
 int32_t glmrt_cuda_attention_spread_items(int32_t head_dim, int32_t num_kv_heads, int32_t sms)
 {
-    size_t shared = 0;
-    int threads = 0;
-    int blocks = 0;
-    if (glmrt_spread_pick(head_dim, &shared, &threads, &blocks) == nullptr || num_kv_heads < 1) {
+    if (glmrt_spread_pick(head_dim).kernel == nullptr || num_kv_heads < 1) {
         return 0;
     }
-    return sms / (blocks * num_kv_heads);
+    return sms / (glmrt_spread_blocks(head_dim) * num_kv_heads);
 }
 
 int32_t glmrt_attention_decode_spread_clusters(const glmrt_cuda_attention_args *args, int32_t sms)
@@ -415,37 +400,27 @@ int32_t glmrt_attention_decode_spread_clusters(const glmrt_cuda_attention_args *
 
 glmrt_status glmrt_attention_decode_spread_prepare(int32_t head_dim, glmrt_error *error)
 {
-    size_t shared = 0;
-    int threads = 0;
-    int blocks = 0;
-    glmrt_spread_kernel_fn kernel = glmrt_spread_pick(head_dim, &shared, &threads, &blocks);
-    if (kernel == nullptr) {
-        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no spread decode attention kernel for head_dim %d",
-                               head_dim);
-    }
-    GLMRT_CUDA_TRY(error, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    return GLMRT_OK;
+    const glmrt_attention_kernel_choice choice = glmrt_spread_pick(head_dim);
+    return glmrt_attention_kernel_prepare(&choice, head_dim, error);
 }
 
 glmrt_status glmrt_attention_decode_spread_launch(const glmrt_cuda_attention_args *args, int32_t clusters,
                                                   cudaStream_t stream, glmrt_error *error)
 {
-    size_t shared = 0;
-    int threads = 0;
-    int blocks = 0;
-    glmrt_spread_kernel_fn kernel = glmrt_spread_pick(args->kv.head_dim, &shared, &threads, &blocks);
-    if (kernel == nullptr) {
-        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no spread decode attention kernel for head_dim %d",
+    const glmrt_attention_kernel_choice choice = glmrt_spread_pick(args->kv.head_dim);
+    if (choice.kernel == nullptr) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "no %s kernel for head_dim %d", choice.name,
                                args->kv.head_dim);
     }
     if (clusters < 1) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "spread decode attention needs a cluster a head, got %d",
                                clusters);
     }
+    const int32_t blocks = glmrt_spread_blocks(args->kv.head_dim);
     dim3 grid((unsigned)(clusters * blocks), (unsigned)args->kv.num_kv_heads);
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config =
-        glmrt_dependent_cluster_config(&dependent, grid, threads, shared, stream, (unsigned)blocks);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
+        glmrt_dependent_cluster_config(&dependent, grid, choice.threads, choice.shared, stream, (unsigned)blocks);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, choice.kernel, *args));
     return GLMRT_OK;
 }

@@ -102,6 +102,28 @@ __device__ __forceinline__ void glmrt_decode_mask_max(float (*score)[4], int32_t
     local[1] = glmrt_attn_quad_max(local[1]);
 }
 
+__device__ __forceinline__ int glmrt_decode_fragment_row(int lane)
+{
+    return (lane & 7) + ((lane >> 3) & 1) * 8;
+}
+
+__device__ __forceinline__ void glmrt_decode_add_weight_sums(float *sum_frag, const uint32_t (*p_frag)[4])
+{
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        glmrt_attn_mma(sum_frag, p_frag[ks], GLMRT_ATTN_BF16X2_ONES, GLMRT_ATTN_BF16X2_ONES);
+    }
+}
+
+__device__ __forceinline__ void glmrt_decode_share_row_sums(float *row_sum, const float *sum_frag, bool holds_sums,
+                                                            int lane)
+{
+    if (holds_sums && (lane & 3) == 0) {
+        row_sum[lane >> 2] = sum_frag[0];
+        row_sum[(lane >> 2) + 8] = sum_frag[2];
+    }
+    __syncthreads();
+}
 
 __device__ __forceinline__ int32_t glmrt_decode_num_tiles(const glmrt_cuda_attention_item &item)
 {
@@ -112,8 +134,7 @@ template <int HD>
 __device__ __forceinline__ void glmrt_decode_q_fragments(uint32_t (*q_frag)[4], uint32_t q_tile, int lane)
 {
     constexpr int chunks = HD / 8;
-    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
-    const uint32_t a_lane = glmrt_attn_lane_offset<chunks>(a_row, lane >> 4);
+    const uint32_t a_lane = glmrt_attn_lane_offset<chunks>(glmrt_decode_fragment_row(lane), lane >> 4);
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ++ks) {
         glmrt_attn_ldmatrix_x4(q_frag[ks], q_tile + glmrt_attn_pair_offset(a_lane, ks));
@@ -122,8 +143,7 @@ __device__ __forceinline__ void glmrt_decode_q_fragments(uint32_t (*q_frag)[4], 
 
 __device__ __forceinline__ uint32_t glmrt_decode_p_lane(int lane)
 {
-    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
-    return glmrt_attn_lane_offset<8>(a_row, lane >> 4);
+    return glmrt_attn_lane_offset<8>(glmrt_decode_fragment_row(lane), lane >> 4);
 }
 
 #endif

@@ -25,6 +25,13 @@ __device__ __forceinline__ void glmrt_cluster_wait(void)
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void glmrt_cluster_store(uint32_t shared_address, uint32_t rank, uint32_t value)
+{
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address), "r"(rank));
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(value) : "memory");
+}
+
 __device__ __forceinline__ float glmrt_cluster_load(const float *local, uint32_t rank)
 {
     const uint32_t address = (uint32_t)__cvta_generic_to_shared(local);

@@ -475,11 +475,11 @@ glmrt_status glmrt_cuda_step_fetch(uint8_t *device, const uint8_t *host_mapped, 
     if (((uintptr_t)device & 15u) != 0 || ((uintptr_t)host_mapped & 15u) != 0) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "step inputs need 16-byte aligned buffers");
     }
-    const int64_t words = (bytes + 15) / 16;
-    const int64_t per_block = (int64_t)GLMRT_FETCH_THREADS * GLMRT_FETCH_WORDS;
+    const int64_t words = glmrt_ceil_div64(bytes, 16);
+    const int64_t blocks = glmrt_ceil_div64(words, (int64_t)GLMRT_FETCH_THREADS * GLMRT_FETCH_WORDS);
     glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, (unsigned)((words + per_block - 1) / per_block),
-                                                              GLMRT_FETCH_THREADS, 0, stream);
+    const cudaLaunchConfig_t *config =
+        glmrt_dependent_config(&dependent, (unsigned)blocks, GLMRT_FETCH_THREADS, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, glmrt_step_fetch_kernel, reinterpret_cast<uint4 *>(device),
                                              reinterpret_cast<const uint4 *>(host_mapped), words));
     return GLMRT_OK;
