@@ -81,6 +81,108 @@ __device__ __forceinline__ uint32_t glmrt_wgmma_prefill_k_tile(uint32_t base, in
     return base + (uint32_t)((tile % GLMRT_WGMMA_PREFILL_STAGES) * stage_bytes);
 }
 
+typedef struct glmrt_wgmma_prefill_lows {
+    uint32_t queries;
+    uint32_t ones;
+    uint32_t keys;
+    uint32_t values;
+} glmrt_wgmma_prefill_lows;
+
+template <int HD>
+__device__ __forceinline__ glmrt_wgmma_prefill_lows glmrt_wgmma_prefill_lows_at(const glmrt_wgmma_prefill_smem &m,
+                                                                               uint32_t q_tile)
+{
+    using shape = glmrt_wgmma_prefill_shape<HD>;
+    glmrt_wgmma_prefill_lows lows;
+    lows.queries = glmrt_wgmma_descriptor_low(q_tile, 16);
+    lows.ones = glmrt_wgmma_descriptor_low(m.base + (uint32_t)shape::ones_offset, 16);
+    lows.keys = glmrt_wgmma_descriptor_low(m.base, 16);
+    lows.values = glmrt_wgmma_descriptor_low(m.base + (uint32_t)shape::tile_bytes, GLMRT_ATTN_PANEL_BYTES);
+    return lows;
+}
+
+template <int HD>
+__device__ __forceinline__ uint32_t glmrt_wgmma_prefill_stage_low(uint32_t first_stage_low, int32_t tile)
+{
+    using shape = glmrt_wgmma_prefill_shape<HD>;
+    return first_stage_low +
+           (uint32_t)(tile % GLMRT_WGMMA_PREFILL_STAGES) * glmrt_wgmma_descriptor_low_step((uint32_t)shape::stage_bytes);
+}
+
+template <int HD>
+struct glmrt_wgmma_prefill_feed {
+    using layout = glmrt_attn_tile_layout<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>;
+    const int32_t *pages;
+    const char *keys;
+    int64_t page_bytes;
+    int32_t value_bytes;
+    int32_t page_mask;
+    int32_t page_shift;
+    int32_t first_row;
+    uint32_t first_offset;
+};
+
+template <int HD>
+__device__ __forceinline__ glmrt_wgmma_prefill_feed<HD> glmrt_wgmma_prefill_feed_of(const glmrt_cuda_attention_args &args,
+                                                                                     const glmrt_cuda_attention_item &item)
+{
+    using feed_t = glmrt_wgmma_prefill_feed<HD>;
+    using layout = typename feed_t::layout;
+    const int chunk = threadIdx.x % layout::chunks;
+    feed_t feed;
+    feed.pages = args.page_ids + item.page_begin;
+    feed.keys = reinterpret_cast<const char *>(args.kv.base) +
+                2 * ((int64_t)args.layer * args.kv.layer_elements + (int64_t)blockIdx.y * args.kv.head_elements) +
+                chunk * 16;
+    feed.page_bytes = 2 * (int64_t)args.kv.page_elements;
+    feed.value_bytes = 2 * args.kv.num_kv_heads * args.kv.head_elements;
+    feed.page_mask = args.kv.page_size - 1;
+    feed.page_shift = __ffs(args.kv.page_size) - 1;
+    feed.first_row = (int)threadIdx.x / layout::chunks;
+    feed.first_offset = glmrt_attn_panel_offset(feed.first_row, chunk);
+    return feed;
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_feed_pages(const glmrt_wgmma_prefill_feed<HD> &feed,
+                                                               int32_t tile_start, int32_t key_end, int32_t *ids)
+{
+    using layout = typename glmrt_wgmma_prefill_feed<HD>::layout;
+#pragma unroll
+    for (int pass = 0; pass < layout::passes; ++pass) {
+        const int32_t key = tile_start + feed.first_row + pass * layout::keys_per_pass;
+        ids[pass] = key < key_end ? __ldg(feed.pages + (key >> feed.page_shift)) : 0;
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_fetch_pages(const glmrt_wgmma_prefill_feed<HD> &feed,
+                                                                int32_t page_size, bool paged_by_shift,
+                                                                int32_t tile_start, int32_t key_end, int32_t *ids)
+{
+    if (paged_by_shift) {
+        glmrt_wgmma_prefill_feed_pages<HD>(feed, tile_start, key_end, ids);
+    } else {
+        glmrt_attn_fetch_pass_pages<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>(feed.pages, page_size, tile_start, key_end, ids);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_feed_tile(const glmrt_wgmma_prefill_feed<HD> &feed,
+                                                              int32_t tile_start, const int32_t *ids, uint32_t k_tile,
+                                                              uint32_t v_tile)
+{
+    using layout = typename glmrt_wgmma_prefill_feed<HD>::layout;
+#pragma unroll
+    for (int pass = 0; pass < layout::passes; ++pass) {
+        const int32_t key = tile_start + feed.first_row + pass * layout::keys_per_pass;
+        const char *src = feed.keys + (int64_t)ids[pass] * feed.page_bytes + (key & feed.page_mask) * (HD * 2);
+        const uint32_t offset = feed.first_offset + (uint32_t)(pass * layout::keys_per_pass * GLMRT_ATTN_PANEL_ROW_BYTES);
+        glmrt_attn_cp_async(k_tile + offset, src);
+        glmrt_attn_cp_async(v_tile + offset, src + feed.value_bytes);
+    }
+}
+
 template <int HD>
 __device__ __forceinline__ void glmrt_wgmma_prefill_produce(const glmrt_cuda_attention_args &args,
                                                             const glmrt_cuda_attention_item &item,
@@ -88,23 +190,29 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_produce(const glmrt_cuda_att
 {
     using shape = glmrt_wgmma_prefill_shape<HD>;
     using layout = glmrt_attn_tile_layout<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>;
-    const int32_t *pages = args.page_ids + item.page_begin;
+    const glmrt_wgmma_prefill_feed<HD> feed = glmrt_wgmma_prefill_feed_of<HD>(args, item);
+    const bool paged_by_shift = (args.kv.page_size & feed.page_mask) == 0;
     const int32_t num_tiles = (item.key_end + GLMRT_ATTENTION_KEY_TILE - 1) / GLMRT_ATTENTION_KEY_TILE;
     int32_t ids[layout::passes];
-    glmrt_attn_fetch_pass_pages<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>(pages, args.kv.page_size, 0, item.key_end, ids);
+    glmrt_wgmma_prefill_fetch_pages<HD>(feed, args.kv.page_size, paged_by_shift, 0, item.key_end, ids);
     for (int32_t tile = 0; tile < num_tiles; ++tile) {
         if (tile >= GLMRT_WGMMA_PREFILL_STAGES) {
             glmrt_mbarrier_wait(&m.empty[tile % GLMRT_WGMMA_PREFILL_STAGES],
                                 (uint32_t)((tile / GLMRT_WGMMA_PREFILL_STAGES - 1) & 1));
         }
         const uint32_t k_tile = glmrt_wgmma_prefill_k_tile(m.base, tile, shape::stage_bytes);
-        glmrt_attn_load_kv_tile<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS, true>(
-            args, blockIdx.y, tile * GLMRT_ATTENTION_KEY_TILE, item.key_end,
-            [&ids](int pass, int32_t) { return ids[pass]; }, k_tile, k_tile + shape::tile_bytes);
+        const int32_t tile_start = tile * GLMRT_ATTENTION_KEY_TILE;
+        const int32_t next_start = tile_start + GLMRT_ATTENTION_KEY_TILE;
+        if (paged_by_shift && next_start <= item.key_end) {
+            glmrt_wgmma_prefill_feed_tile<HD>(feed, tile_start, ids, k_tile, k_tile + shape::tile_bytes);
+        } else {
+            glmrt_attn_load_kv_tile<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS, true>(
+                args, blockIdx.y, tile_start, item.key_end, [&ids](int pass, int32_t) { return ids[pass]; }, k_tile,
+                k_tile + shape::tile_bytes);
+        }
         glmrt_attn_cp_async_arrive(glmrt_shared_address(&m.full[tile % GLMRT_WGMMA_PREFILL_STAGES]));
         if (tile + 1 < num_tiles) {
-            glmrt_attn_fetch_pass_pages<HD, GLMRT_WGMMA_PREFILL_GROUP_THREADS>(
-                pages, args.kv.page_size, (tile + 1) * GLMRT_ATTENTION_KEY_TILE, item.key_end, ids);
+            glmrt_wgmma_prefill_fetch_pages<HD>(feed, args.kv.page_size, paged_by_shift, next_start, item.key_end, ids);
         }
     }
     glmrt_attn_cp_async_wait_all();
@@ -137,33 +245,32 @@ __device__ __forceinline__ int2 glmrt_wgmma_prefill_key_bounds(const int32_t *ro
 }
 
 template <int HD>
-__device__ __forceinline__ void glmrt_wgmma_prefill_scores(float *score, uint32_t q_tile, uint32_t k_tile)
+__device__ __forceinline__ void glmrt_wgmma_prefill_scores(float *score, uint32_t q_low, uint32_t k_low)
 {
     using shape = glmrt_wgmma_prefill_shape<HD>;
     glmrt_wgmma_fence();
-    glmrt_wgmma_bf16_m64n64_fresh(score, glmrt_wgmma_descriptor_at(q_tile, 16), glmrt_wgmma_descriptor_at(k_tile, 16));
+    glmrt_wgmma_bf16_m64n64_fresh(score, glmrt_wgmma_descriptor_of_low(q_low), glmrt_wgmma_descriptor_of_low(k_low));
 #pragma unroll
     for (int ks = 1; ks < shape::k_steps; ++ks) {
-        const uint32_t offset = (uint32_t)((ks >> 2) * GLMRT_ATTN_PANEL_BYTES + (ks & 3) * 32);
-        glmrt_wgmma_bf16_m64n64(score, glmrt_wgmma_descriptor_at(q_tile + offset, 16),
-                                glmrt_wgmma_descriptor_at(k_tile + offset, 16), 1);
+        const uint32_t step = glmrt_wgmma_descriptor_low_step((uint32_t)((ks >> 2) * GLMRT_ATTN_PANEL_BYTES + (ks & 3) * 32));
+        glmrt_wgmma_bf16_m64n64(score, glmrt_wgmma_descriptor_of_low(q_low + step),
+                                glmrt_wgmma_descriptor_of_low(k_low + step), 1);
     }
     glmrt_wgmma_commit();
 }
 
 template <int HD>
 __device__ __forceinline__ void glmrt_wgmma_prefill_values(glmrt_prefill_state<HD, 1> &st, uint32_t (*pa)[4],
-                                                           uint32_t v_tile, uint32_t ones)
+                                                           uint32_t v_low, uint32_t ones_low)
 {
     using shape = glmrt_wgmma_prefill_shape<HD>;
     glmrt_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < shape::value_steps; ++ks) {
-        glmrt_wgmma_bf16_rs_trans_b<HD>(&st.acc[0][0][0], pa[ks],
-                                        glmrt_wgmma_descriptor_at(v_tile + (uint32_t)(ks * GLMRT_WGMMA_PREFILL_KEY_STEP_BYTES),
-                                                                  GLMRT_ATTN_PANEL_BYTES),
-                                        1);
-        glmrt_wgmma_bf16_rs_m64n8(st.sum_frag[0], pa[ks], glmrt_wgmma_descriptor_at(ones + (uint32_t)(ks * 32), 16), 1);
+        const uint32_t value_step = glmrt_wgmma_descriptor_low_step((uint32_t)(ks * GLMRT_WGMMA_PREFILL_KEY_STEP_BYTES));
+        const uint32_t ones_step = glmrt_wgmma_descriptor_low_step((uint32_t)(ks * 32));
+        glmrt_wgmma_bf16_rs_trans_b<HD>(&st.acc[0][0][0], pa[ks], glmrt_wgmma_descriptor_of_low(v_low + value_step), 1);
+        glmrt_wgmma_bf16_rs_m64n8(st.sum_frag[0], pa[ks], glmrt_wgmma_descriptor_of_low(ones_low + ones_step), 1);
     }
     glmrt_wgmma_commit();
 }
@@ -392,8 +499,8 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
     const int g = lane >> 2;
     const int t = lane & 3;
     const uint32_t q_tile = m.base + (uint32_t)(shape::q_offset + consumer * shape::group_q_bytes);
-    const uint32_t ones = m.base + (uint32_t)shape::ones_offset;
     glmrt_wgmma_prefill_prepare_rows<HD>(args, item, m, consumer, thread, q_tile);
+    const glmrt_wgmma_prefill_lows lows = glmrt_wgmma_prefill_lows_at<HD>(m, q_tile);
     const int group_first = consumer * GLMRT_WGMMA_PREFILL_GROUP_ROWS;
     const int row_base = group_first + warp * GLMRT_WGMMA_PREFILL_WARP_ROWS;
     const int32_t group_max_keys = glmrt_wgmma_prefill_key_bounds(m.row_keys, group_first, GLMRT_WGMMA_PREFILL_GROUP_ROWS, lane).y;
@@ -409,7 +516,7 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
     if (active_tiles > 0) {
         glmrt_mbarrier_wait(&m.full[0], 0);
         glmrt_fence_async_shared();
-        glmrt_wgmma_prefill_scores<HD>(&score[0][0], q_tile, m.base);
+        glmrt_wgmma_prefill_scores<HD>(&score[0][0], lows.queries, lows.keys);
         glmrt_wgmma_wait_all();
         glmrt_wgmma_fence_registers<GLMRT_ATTENTION_KEY_TILE / 2>(&score[0][0]);
         glmrt_wgmma_prefill_weigh<HD>(st, score, pa, GLMRT_ATTENTION_KEY_TILE > warp_keys.x, m.row_keys, row_base + g,
@@ -422,10 +529,8 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
         glmrt_mbarrier_wait(&m.full[next % GLMRT_WGMMA_PREFILL_STAGES],
                             (uint32_t)((next / GLMRT_WGMMA_PREFILL_STAGES) & 1));
         glmrt_fence_async_shared();
-        glmrt_wgmma_prefill_scores<HD>(&score[0][0], q_tile,
-                                       glmrt_wgmma_prefill_k_tile(m.base, next, shape::stage_bytes));
-        glmrt_wgmma_prefill_values<HD>(st, pa, glmrt_wgmma_prefill_k_tile(m.base, i, shape::stage_bytes) + shape::tile_bytes,
-                                       ones);
+        glmrt_wgmma_prefill_scores<HD>(&score[0][0], lows.queries, glmrt_wgmma_prefill_stage_low<HD>(lows.keys, next));
+        glmrt_wgmma_prefill_values<HD>(st, pa, glmrt_wgmma_prefill_stage_low<HD>(lows.values, i), lows.ones);
         glmrt_wgmma_wait_all_but_one();
         glmrt_wgmma_fence_registers<GLMRT_ATTENTION_KEY_TILE / 2>(&score[0][0]);
         if (next_start == next_boundary) {
@@ -443,8 +548,7 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_consume(const glmrt_cuda_att
     }
     if (active_tiles > 0) {
         const int32_t last = active_tiles - 1;
-        glmrt_wgmma_prefill_values<HD>(st, pa, glmrt_wgmma_prefill_k_tile(m.base, last, shape::stage_bytes) + shape::tile_bytes,
-                                       ones);
+        glmrt_wgmma_prefill_values<HD>(st, pa, glmrt_wgmma_prefill_stage_low<HD>(lows.values, last), lows.ones);
         glmrt_wgmma_prefill_settle_values<HD>(st);
         if (lane == 0) {
             glmrt_mbarrier_arrive(&m.empty[last % GLMRT_WGMMA_PREFILL_STAGES]);

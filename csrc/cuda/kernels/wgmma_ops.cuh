@@ -74,13 +74,25 @@ __device__ __forceinline__ void glmrt_tma_prefetch_map(const CUtensorMap *map)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 
+__device__ __forceinline__ uint32_t glmrt_wgmma_descriptor_low(uint32_t address, uint32_t leading_bytes)
+{
+    return ((address & 0x3FFFFu) >> 4) | (((leading_bytes >> 4) & 0x3FFFu) << 16);
+}
+
+__device__ __forceinline__ uint32_t glmrt_wgmma_descriptor_low_step(uint32_t bytes)
+{
+    return bytes >> 4;
+}
+
+__device__ __forceinline__ uint64_t glmrt_wgmma_descriptor_of_low(uint32_t low)
+{
+    const uint32_t high = (GLMRT_WGMMA_SWIZZLE_ATOM_BYTES >> 4) | (1u << 30);
+    return ((uint64_t)high << 32) | low;
+}
+
 __device__ __forceinline__ uint64_t glmrt_wgmma_descriptor_at(uint32_t address, uint32_t leading_bytes)
 {
-    uint64_t descriptor = (uint64_t)((address & 0x3FFFFu) >> 4);
-    descriptor |= (uint64_t)((leading_bytes >> 4) & 0x3FFFu) << 16;
-    descriptor |= (uint64_t)(GLMRT_WGMMA_SWIZZLE_ATOM_BYTES >> 4) << 32;
-    descriptor |= (uint64_t)1 << 62;
-    return descriptor;
+    return glmrt_wgmma_descriptor_of_low(glmrt_wgmma_descriptor_low(address, leading_bytes));
 }
 
 __device__ __forceinline__ uint64_t glmrt_wgmma_descriptor(const void *tile)
