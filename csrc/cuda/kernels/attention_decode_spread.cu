@@ -78,10 +78,7 @@ __device__ __forceinline__ void glmrt_spread_load_values(const glmrt_cuda_attent
     using shape = glmrt_spread_shape<HD>;
     using tile = typename shape::tile;
     constexpr int per_tile = GLMRT_ATTENTION_KEY_TILE * GLMRT_SPREAD_SLICE_CHUNKS;
-    const char *values = reinterpret_cast<const char *>(args.kv.base) +
-                         2 * ((int64_t)args.layer * args.kv.layer_elements +
-                              (int64_t)blockIdx.y * args.kv.head_elements +
-                              (int64_t)args.kv.num_kv_heads * args.kv.head_elements) +
+    const char *values = glmrt_attn_head_keys(args, (int32_t)blockIdx.y) + glmrt_attn_value_bytes(args) +
                          (int64_t)rank * shape::slice_dims * 2;
     const int64_t page_bytes = 2 * args.kv.page_elements;
     int32_t page[shape::slice_loads];

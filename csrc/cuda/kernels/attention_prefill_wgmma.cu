@@ -131,11 +131,9 @@ __device__ __forceinline__ glmrt_wgmma_prefill_feed<HD> glmrt_wgmma_prefill_feed
     const int chunk = threadIdx.x % layout::chunks;
     feed_t feed;
     feed.pages = args.page_ids + item.page_begin;
-    feed.keys = reinterpret_cast<const char *>(args.kv.base) +
-                2 * ((int64_t)args.layer * args.kv.layer_elements + (int64_t)blockIdx.y * args.kv.head_elements) +
-                chunk * 16;
+    feed.keys = glmrt_attn_head_keys(args, (int32_t)blockIdx.y) + chunk * 16;
     feed.page_bytes = 2 * (int64_t)args.kv.page_elements;
-    feed.value_bytes = 2 * args.kv.num_kv_heads * args.kv.head_elements;
+    feed.value_bytes = glmrt_attn_value_bytes(args);
     feed.page_mask = args.kv.page_size - 1;
     feed.page_shift = __ffs(args.kv.page_size) - 1;
     feed.first_row = (int)threadIdx.x / layout::chunks;

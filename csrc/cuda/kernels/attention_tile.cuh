@@ -97,6 +97,17 @@ struct glmrt_attn_tile_rows {
     static constexpr int row_bytes = PANELS ? GLMRT_ATTN_PANEL_ROW_BYTES : HD * 2;
 };
 
+__device__ __forceinline__ const char *glmrt_attn_head_keys(const glmrt_cuda_attention_args &args, int32_t kv_head)
+{
+    return reinterpret_cast<const char *>(args.kv.base) +
+           2 * ((int64_t)args.layer * args.kv.layer_elements + (int64_t)kv_head * args.kv.head_elements);
+}
+
+__device__ __forceinline__ int32_t glmrt_attn_value_bytes(const glmrt_cuda_attention_args &args)
+{
+    return 2 * args.kv.num_kv_heads * args.kv.head_elements;
+}
+
 template <int HD, int THREADS, bool PANELS = false, bool VALUES = true, typename PageOf>
 __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attention_args &args, int32_t kv_head,
                                                         int32_t tile_start, int32_t key_limit, PageOf page_of,
@@ -105,11 +116,9 @@ __device__ __forceinline__ void glmrt_attn_load_kv_tile(const glmrt_cuda_attenti
     using layout = glmrt_attn_tile_layout<HD, THREADS>;
     const int chunk = threadIdx.x % layout::chunks;
     const int first_row = threadIdx.x / layout::chunks;
-    const char *keys = glmrt_attn_settled(
-        reinterpret_cast<const char *>(args.kv.base) +
-        2 * ((int64_t)args.layer * args.kv.layer_elements + (int64_t)kv_head * args.kv.head_elements) + chunk * 16);
+    const char *keys = glmrt_attn_settled(glmrt_attn_head_keys(args, kv_head) + chunk * 16);
     const int32_t page_bytes = (int32_t)glmrt_attn_settled((uint32_t)(2 * args.kv.page_elements));
-    const int32_t value_bytes = (int32_t)glmrt_attn_settled((uint32_t)(2 * args.kv.num_kv_heads * args.kv.head_elements));
+    const int32_t value_bytes = (int32_t)glmrt_attn_settled((uint32_t)glmrt_attn_value_bytes(args));
     const int32_t page_size = args.kv.page_size;
     const bool power_of_two = (page_size & (page_size - 1)) == 0;
     const int shift = __ffs(page_size) - 1;
