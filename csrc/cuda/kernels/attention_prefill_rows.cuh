@@ -21,25 +21,34 @@ __device__ __forceinline__ void glmrt_prefill_load_queries(const glmrt_cuda_atte
     constexpr int per_thread = ROWS * chunks / THREADS;
     constexpr int batch = per_thread < GLMRT_PREFILL_QUERY_BATCH ? per_thread : GLMRT_PREFILL_QUERY_BATCH;
     static_assert(ROWS * chunks % THREADS == 0 && per_thread % batch == 0, "whole batches of query chunks a thread");
+    constexpr int rows_a_step = THREADS / chunks;
+    static_assert(THREADS % chunks == 0, "a thread keeps its chunk column");
     const int32_t group = args.group;
     const int32_t total_rows = item.num_tokens * group;
     const float q_scale = glmrt_attn_q_scale(args.scale);
+    const int chunk = thread % chunks;
+    int32_t global_row = item.row_begin + first_row + thread / chunks;
+    int32_t token = item.token_begin + global_row / group;
+    int32_t head_in_group = global_row % group;
+    const float *group_q = args.q + (int64_t)kv_head * group * HD + chunk * 8;
 #pragma unroll
     for (int first = 0; first < per_thread; first += batch) {
         float4 low[batch];
         float4 high[batch];
 #pragma unroll
         for (int k = 0; k < batch; ++k) {
-            const int idx = thread + (first + k) * THREADS;
-            const int32_t global_row = item.row_begin + first_row + idx / chunks;
             low[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             high[k] = low[k];
             if (global_row < total_rows) {
-                const int32_t token = item.token_begin + global_row / group;
-                const int64_t head = (int64_t)kv_head * group + global_row % group;
-                const float *q = args.q + (int64_t)token * args.q_stride + head * HD + (idx % chunks) * 8;
+                const float *q = group_q + (int64_t)token * args.q_stride + head_in_group * HD;
                 low[k] = *reinterpret_cast<const float4 *>(q);
                 high[k] = *reinterpret_cast<const float4 *>(q + 4);
+            }
+            global_row += rows_a_step;
+            head_in_group += rows_a_step;
+            while (head_in_group >= group) {
+                head_in_group -= group;
+                ++token;
             }
         }
 #pragma unroll
