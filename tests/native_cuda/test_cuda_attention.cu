@@ -1,4 +1,5 @@
 #include "attention.cuh"
+#include "attention_tile.cuh"
 #include "cuda_test_support.cuh"
 #include "step_inputs.cuh"
 
@@ -642,11 +643,92 @@ static void glmrt_check_small_splits(glmrt_test_report *report, glmrt_test_rng *
     glmrt_check_paths_agree(report, rng, s, &policy, seqs, pairs, 0, reference, label);
 }
 
+__global__ void glmrt_normalize_probe_kernel(const float *sums, const float *totals, uint32_t *normalized,
+                                             uint32_t *divided, int32_t count)
+{
+    const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < count) {
+        const bool in_range = glmrt_attn_quotient_operand(sums[i]) && glmrt_attn_quotient_operand(totals[i]);
+        const float quotient = glmrt_attn_quotient_by(sums[i], totals[i], glmrt_attn_refined_reciprocal(totals[i]));
+        normalized[i] = __float_as_uint(in_range ? quotient : glmrt_attn_normalize(sums[i], totals[i]));
+        divided[i] = __float_as_uint(__fdiv_rn(sums[i], totals[i]));
+    }
+}
+
+static float glmrt_float_of_bits(uint32_t bits)
+{
+    float value;
+    memcpy(&value, &bits, sizeof(value));
+    return value;
+}
+
+static float glmrt_scaled_normal(glmrt_test_rng *rng, int32_t lowest_exponent, int32_t exponent_span)
+{
+    return ldexpf(glmrt_test_normal(rng), lowest_exponent + glmrt_test_below(rng, exponent_span));
+}
+
+static void glmrt_normalize_inputs(glmrt_test_rng *rng, std::vector<float> &sums, std::vector<float> &totals)
+{
+    const float specials[] = {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-126f, INFINITY, -INFINITY, NAN, 0x1p-40f,
+                              0x1p40f, 0x1.fffffep-41f, 0x1.000002p40f, 1.0f, 3.0f, 0x1.fffffep127f};
+    const int32_t num_specials = (int32_t)(sizeof(specials) / sizeof(specials[0]));
+    for (size_t i = 0; i < sums.size(); ++i) {
+        const int32_t kind = (int32_t)(i % 4);
+        if (kind == 0) {
+            sums[i] = glmrt_float_of_bits((uint32_t)glmrt_test_next(rng));
+            totals[i] = glmrt_float_of_bits((uint32_t)glmrt_test_next(rng) & 0x7fffffffu);
+        } else if (kind == 1) {
+            sums[i] = glmrt_scaled_normal(rng, -60, 120);
+            totals[i] = fabsf(glmrt_scaled_normal(rng, -60, 120));
+        } else if (kind == 2) {
+            sums[i] = glmrt_scaled_normal(rng, -8, 20);
+            totals[i] = ldexpf(1.0f + (float)glmrt_test_unit(rng), glmrt_test_below(rng, 26));
+        } else {
+            sums[i] = specials[glmrt_test_below(rng, num_specials)] * (glmrt_test_below(rng, 2) ? 1.0f : -1.0f);
+            totals[i] = fabsf(specials[glmrt_test_below(rng, num_specials)]);
+        }
+    }
+}
+
+static void glmrt_check_normalize(glmrt_test_report *report, glmrt_test_rng *rng)
+{
+    const int32_t count = 1 << 22;
+    std::vector<float> sums(count);
+    std::vector<float> totals(count);
+    glmrt_normalize_inputs(rng, sums, totals);
+    float *sums_dev = glmrt_test_upload(sums);
+    float *totals_dev = glmrt_test_upload(totals);
+    uint32_t *normalized_dev = glmrt_test_alloc<uint32_t>(count);
+    uint32_t *divided_dev = glmrt_test_alloc<uint32_t>(count);
+    if (sums_dev != nullptr && totals_dev != nullptr && normalized_dev != nullptr && divided_dev != nullptr) {
+        glmrt_normalize_probe_kernel<<<(count + 255) / 256, 256>>>(sums_dev, totals_dev, normalized_dev, divided_dev, count);
+        if (glmrt_test_cuda_ok(report, cudaGetLastError(), "normalize probe launch")) {
+            const std::vector<uint32_t> normalized = glmrt_test_download(normalized_dev, count);
+            const std::vector<uint32_t> divided = glmrt_test_download(divided_dev, count);
+            long differing = 0;
+            for (int32_t i = 0; i < count; ++i) {
+                const bool both_nan = isnan(glmrt_float_of_bits(normalized[i])) && isnan(glmrt_float_of_bits(divided[i]));
+                differing += normalized[i] != divided[i] && !both_nan;
+            }
+            glmrt_test_expect(report, differing == 0, "reciprocal-and-residual quotient equals IEEE division on 4M pairs",
+                              (double)differing, 0);
+        }
+    } else {
+        glmrt_test_expect(report, 0, "normalisation probe buffers", 1, 0);
+    }
+    cudaFree(sums_dev);
+    cudaFree(totals_dev);
+    cudaFree(normalized_dev);
+    cudaFree(divided_dev);
+}
+
 int main(int argc, char **argv)
 {
     const int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     glmrt_test_report report = {0, 0};
     glmrt_test_rng rng = {4242};
+    glmrt_test_rng normalize_rng = {977};
+    glmrt_check_normalize(&report, &normalize_rng);
     glmrt_attention_setup glm = {128, 2, 12, 16, 256, 2};
     glmrt_check_rope_store(&report, &rng, &glm);
     const glmrt_cuda_split_policy glm_policy = {GLMRT_ATTENTION_KEYS_PER_SPLIT, GLMRT_ATTENTION_MAX_SPLITS, 12};

@@ -381,19 +381,46 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_boundary_row(glmrt_prefill_s
     }
 }
 
+template <int HD>
+__device__ __forceinline__ void glmrt_wgmma_prefill_store_row(const float (&values)[HD / 8][2], float total,
+                                                              float *row_out)
+{
+    bool in_range = glmrt_attn_quotient_operand(total);
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+        in_range = in_range && glmrt_attn_quotient_operand(values[n][0]) && glmrt_attn_quotient_operand(values[n][1]);
+    }
+    if (in_range) {
+        const float reciprocal = glmrt_attn_refined_reciprocal(total);
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+            *reinterpret_cast<float2 *>(row_out + 8 * n) =
+                make_float2(glmrt_attn_quotient_by(values[n][0], total, reciprocal),
+                            glmrt_attn_quotient_by(values[n][1], total, reciprocal));
+        }
+        return;
+    }
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+        *reinterpret_cast<float2 *>(row_out + 8 * n) =
+            make_float2(glmrt_attn_normalize(values[n][0], total), glmrt_attn_normalize(values[n][1], total));
+    }
+}
+
 template <int H, int HD>
 __device__ __forceinline__ void glmrt_wgmma_prefill_finish_row(const glmrt_prefill_state<HD, 1> &st,
                                                                const glmrt_wgmma_prefill_merged<HD> &merged,
                                                                float *row_out, bool folded)
 {
     const float chunk_sum = st.sum_frag[0][2 * H];
+    float values[HD / 8][2];
     if (!folded) {
 #pragma unroll
         for (int n = 0; n < HD / 8; ++n) {
-            *reinterpret_cast<float2 *>(row_out + 8 * n) =
-                make_float2(glmrt_attn_normalize(st.acc[0][n][2 * H], chunk_sum),
-                            glmrt_attn_normalize(st.acc[0][n][2 * H + 1], chunk_sum));
+            values[n][0] = st.acc[0][n][2 * H];
+            values[n][1] = st.acc[0][n][2 * H + 1];
         }
+        glmrt_wgmma_prefill_store_row<HD>(values, chunk_sum, row_out);
         return;
     }
     const float2 state = glmrt_wgmma_prefill_merged_stat<H>(merged);
@@ -402,10 +429,10 @@ __device__ __forceinline__ void glmrt_wgmma_prefill_finish_row(const glmrt_prefi
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
         const float2 old = glmrt_wgmma_prefill_merged_value<H>(merged, n);
-        *reinterpret_cast<float2 *>(row_out + 8 * n) =
-            make_float2(glmrt_attn_normalize(glmrt_attn_fold_value(old.x, st.acc[0][n][2 * H], w), total),
-                        glmrt_attn_normalize(glmrt_attn_fold_value(old.y, st.acc[0][n][2 * H + 1], w), total));
+        values[n][0] = glmrt_attn_fold_value(old.x, st.acc[0][n][2 * H], w);
+        values[n][1] = glmrt_attn_fold_value(old.y, st.acc[0][n][2 * H + 1], w);
     }
+    glmrt_wgmma_prefill_store_row<HD>(values, total, row_out);
 }
 
 template <int HD>

@@ -270,4 +270,26 @@ __device__ __forceinline__ float glmrt_attn_normalize(float sum, float weight_to
     return __fdiv_rn(sum, weight_total);
 }
 
+#define GLMRT_ATTN_QUOTIENT_LOW 0x1p-40f
+#define GLMRT_ATTN_QUOTIENT_HIGH 0x1p40f
+
+__device__ __forceinline__ float glmrt_attn_refined_reciprocal(float divisor)
+{
+    float approximate;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(approximate) : "f"(divisor));
+    return __fmaf_rn(approximate, __fmaf_rn(-divisor, approximate, 1.0f), approximate);
+}
+
+__device__ __forceinline__ float glmrt_attn_quotient_by(float sum, float divisor, float reciprocal)
+{
+    const float estimate = __fmul_rn(sum, reciprocal);
+    return __fmaf_rn(reciprocal, __fmaf_rn(-divisor, estimate, sum), estimate);
+}
+
+__device__ __forceinline__ bool glmrt_attn_quotient_operand(float value)
+{
+    const float magnitude = fabsf(value);
+    return magnitude >= GLMRT_ATTN_QUOTIENT_LOW && magnitude <= GLMRT_ATTN_QUOTIENT_HIGH;
+}
+
 #endif
