@@ -141,17 +141,19 @@ __device__ __forceinline__ void glmrt_rope_angles(float *cosines, float *sines, 
     __syncthreads();
 }
 
+__device__ __forceinline__ float2 glmrt_rope_rotate(float first, float second, float c, float s)
+{
+    return make_float2(first * c - second * s, second * c + first * s);
+}
+
 __device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim, const float *cosines,
                                                 const float *sines, int lane)
 {
     int32_t half = rotary_dim / 2;
     for (int32_t i = lane; i < half; i += 32) {
-        float c = cosines[i];
-        float s = sines[i];
-        float first = head[i];
-        float second = head[i + half];
-        head[i] = first * c - second * s;
-        head[i + half] = second * c + first * s;
+        const float2 rotated = glmrt_rope_rotate(head[i], head[i + half], cosines[i], sines[i]);
+        head[i] = rotated.x;
+        head[i + half] = rotated.y;
     }
     __syncwarp();
 }
@@ -181,6 +183,125 @@ __device__ __forceinline__ void glmrt_rope_store_head(const glmrt_cuda_rope_args
                        (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * head_dim;
     for (int32_t i = lane; i < head_dim; i += 32) {
         target[i] = glmrt_float_to_bf16_bits(head[i]);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_head_rms_norm_lanes(float (&x)[HD / 32], const float *weight, float eps,
+                                                          int lane)
+{
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < HD / 32; ++v) {
+        sum = __fmaf_rn(x[v], x[v], sum);
+    }
+    const float inverse = 1.0f / sqrtf(glmrt_warp_sum(sum) / (float)HD + eps);
+#pragma unroll
+    for (int v = 0; v < HD / 32; ++v) {
+        x[v] = weight[lane + 32 * v] * (x[v] * inverse);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_head_rope_lanes(float (&x)[HD / 32], int32_t half, const float *cosines,
+                                                      const float *sines, int lane)
+{
+    if (half % 32 == 0) {
+        const int pair_step = half / 32;
+#pragma unroll
+        for (int step = 1; step < HD / 32; ++step) {
+#pragma unroll
+            for (int v = 0; v + step < HD / 32; ++v) {
+                if (step == pair_step && v < step) {
+                    const int32_t i = lane + 32 * v;
+                    const float2 rotated = glmrt_rope_rotate(x[v], x[v + step], cosines[i], sines[i]);
+                    x[v] = rotated.x;
+                    x[v + step] = rotated.y;
+                }
+            }
+        }
+        return;
+    }
+    const float partner = __shfl_xor_sync(0xffffffffu, x[0], half);
+    if (lane < 2 * half) {
+        const bool first_half = lane < half;
+        const int32_t i = first_half ? lane : lane - half;
+        const float2 rotated = first_half ? glmrt_rope_rotate(x[0], partner, cosines[i], sines[i])
+                                          : glmrt_rope_rotate(partner, x[0], cosines[i], sines[i]);
+        x[0] = first_half ? rotated.x : rotated.y;
+    }
+}
+
+__host__ __device__ __forceinline__ int glmrt_rope_lanes_fit(int32_t head_dim, int32_t rotary_dim)
+{
+    const int32_t half = rotary_dim / 2;
+    return rotary_dim % 2 == 0 && half > 0 && (half % 32 == 0 || (half < 32 && 32 % half == 0)) && 2 * half <= head_dim;
+}
+
+template <int HD>
+__device__ __forceinline__ void glmrt_rope_store_lanes(const glmrt_cuda_rope_args &args, float (&x)[HD / 32],
+                                                       float *source, int32_t h, const float *cosines,
+                                                       const float *sines, uint16_t *page_base, int32_t slot, int lane)
+{
+    const int is_query = h < args.num_q_heads;
+    const int is_key = !is_query && h < args.num_q_heads + args.kv.num_kv_heads;
+    if (is_query || is_key) {
+        const float *norm = is_query ? args.q_norm : args.k_norm;
+        if (norm != nullptr) {
+            glmrt_head_rms_norm_lanes<HD>(x, norm, args.eps, lane);
+        }
+        glmrt_head_rope_lanes<HD>(x, args.rotary_dim / 2, cosines, sines, lane);
+    }
+    if (is_query) {
+#pragma unroll
+        for (int v = 0; v < HD / 32; ++v) {
+            source[lane + 32 * v] = x[v];
+        }
+        return;
+    }
+    const int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
+    uint16_t *target = page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
+                       (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * HD;
+#pragma unroll
+    for (int v = 0; v < HD / 32; ++v) {
+        target[lane + 32 * v] = glmrt_float_to_bf16_bits(x[v]);
+    }
+}
+
+template <int HEADS_PER_WARP, int HD>
+__global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_lanes_kernel(glmrt_cuda_rope_args args)
+{
+    glmrt_dependent_enter();
+    extern __shared__ float rope_shared[];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int32_t token = blockIdx.x;
+    const int32_t first_head = ((int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp) * HEADS_PER_WARP;
+    float *cosines = rope_shared;
+    float *sines = cosines + args.rotary_dim / 2;
+    float *row = args.qkv + (int64_t)token * args.qkv_stride;
+    const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
+    float values[HEADS_PER_WARP][HD / 32];
+#pragma unroll
+    for (int k = 0; k < HEADS_PER_WARP; ++k) {
+#pragma unroll
+        for (int v = 0; v < HD / 32; ++v) {
+            values[k][v] = first_head + k < num_heads ? row[(int64_t)(first_head + k) * HD + lane + 32 * v] : 0.0f;
+        }
+    }
+    const int32_t position = args.positions[token];
+    glmrt_rope_angles(cosines, sines, args.rotary_dim, args.theta, position);
+    const int32_t seq = args.token_seq[token];
+    const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
+    const int32_t slot = position % args.kv.page_size;
+    uint16_t *page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
+#pragma unroll
+    for (int k = 0; k < HEADS_PER_WARP; ++k) {
+        const int32_t h = first_head + k;
+        if (h < num_heads) {
+            glmrt_rope_store_lanes<HD>(args, values[k], row + (int64_t)h * HD, h, cosines, sines, page_base, slot,
+                                       lane);
+        }
     }
 }
 
@@ -248,13 +369,22 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
     }
     const int wide = args->num_tokens >= GLMRT_ROPE_WIDE_MIN_TOKENS;
     const int32_t block_heads = GLMRT_ROPE_WARPS * (wide ? GLMRT_ROPE_WIDE_HEADS_PER_WARP : 1);
-    size_t shared = ((size_t)block_heads * head_dim + 2 * (size_t)(args->rotary_dim / 2)) * sizeof(float);
+    const int lanes = (head_dim == 64 || head_dim == 128) && glmrt_rope_lanes_fit(head_dim, args->rotary_dim);
+    const size_t angles = 2 * (size_t)(args->rotary_dim / 2) * sizeof(float);
+    const size_t shared = lanes ? angles : (size_t)block_heads * head_dim * sizeof(float) + angles;
     int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;
     dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, block_heads));
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ROPE_WARPS * 32, shared, stream);
     void (*kernel)(glmrt_cuda_rope_args) =
         wide ? glmrt_qk_rope_store_kernel<GLMRT_ROPE_WIDE_HEADS_PER_WARP> : glmrt_qk_rope_store_kernel<1>;
+    if (lanes && head_dim == 128) {
+        kernel = wide ? glmrt_qk_rope_lanes_kernel<GLMRT_ROPE_WIDE_HEADS_PER_WARP, 128>
+                      : glmrt_qk_rope_lanes_kernel<1, 128>;
+    } else if (lanes) {
+        kernel = wide ? glmrt_qk_rope_lanes_kernel<GLMRT_ROPE_WIDE_HEADS_PER_WARP, 64>
+                      : glmrt_qk_rope_lanes_kernel<1, 64>;
+    }
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, *args));
     return GLMRT_OK;
 }
