@@ -5,6 +5,7 @@
 
 #define GLMRT_ACTIVATION_THREADS 256
 #define GLMRT_ACTIVATION_CACHED 12
+#define GLMRT_ACTIVATION_BLOCKS_PER_SM 4
 #define GLMRT_ROW_WARPS 8
 #define GLMRT_ROW_VECTORS 12
 #define GLMRT_ROW_COLS (32 * 4 * GLMRT_ROW_VECTORS)
@@ -50,7 +51,7 @@ __device__ __forceinline__ const float *glmrt_activation_row(const float *x, int
 }
 
 template <int OP, int KIND>
-__global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
+__global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS, GLMRT_ACTIVATION_BLOCKS_PER_SM)
     glmrt_activation_quantize_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
                                      const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols,
                                      int32_t slice_cols)
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
 }
 
 template <int OP, int KIND>
-__global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32)
+__global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32, GLMRT_ACTIVATION_BLOCKS_PER_SM)
     glmrt_activation_rows_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
                                  const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
 {
