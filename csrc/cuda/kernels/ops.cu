@@ -158,15 +158,54 @@ __device__ __forceinline__ void glmrt_head_rope(float *head, int32_t rotary_dim,
     __syncwarp();
 }
 
+__device__ __forceinline__ int glmrt_rope_is_query(const glmrt_cuda_rope_args &args, int32_t h)
+{
+    return h < args.num_q_heads;
+}
+
+__device__ __forceinline__ int glmrt_rope_is_key(const glmrt_cuda_rope_args &args, int32_t h)
+{
+    return h >= args.num_q_heads && h < args.num_q_heads + args.kv.num_kv_heads;
+}
+
+__device__ __forceinline__ const float *glmrt_rope_norm_of(const glmrt_cuda_rope_args &args, int32_t h)
+{
+    return glmrt_rope_is_query(args, h) ? args.q_norm : args.k_norm;
+}
+
+typedef struct glmrt_rope_slot {
+    uint16_t *page_base;
+    int32_t slot;
+} glmrt_rope_slot;
+
+__device__ __forceinline__ glmrt_rope_slot glmrt_rope_slot_of(const glmrt_cuda_rope_args &args, int32_t token,
+                                                              int32_t position)
+{
+    const int32_t seq = args.token_seq[token];
+    const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
+    glmrt_rope_slot at;
+    at.slot = position % args.kv.page_size;
+    at.page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
+    return at;
+}
+
+__device__ __forceinline__ uint16_t *glmrt_rope_kv_target(const glmrt_cuda_rope_args &args, const glmrt_rope_slot &at,
+                                                          int32_t h)
+{
+    const int is_key = glmrt_rope_is_key(args, h);
+    const int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
+    return at.page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
+           (int64_t)kv_head * args.kv.head_elements + (int64_t)at.slot * args.kv.head_dim;
+}
+
 __device__ __forceinline__ void glmrt_rope_store_head(const glmrt_cuda_rope_args &args, float *head, float *source,
                                                       int32_t h, const float *cosines, const float *sines,
-                                                      uint16_t *page_base, int32_t slot, int lane)
+                                                      const glmrt_rope_slot &at, int lane)
 {
     const int32_t head_dim = args.kv.head_dim;
-    const int is_query = h < args.num_q_heads;
-    const int is_key = !is_query && h < args.num_q_heads + args.kv.num_kv_heads;
-    if (is_query || is_key) {
-        const float *norm = is_query ? args.q_norm : args.k_norm;
+    const int is_query = glmrt_rope_is_query(args, h);
+    if (is_query || glmrt_rope_is_key(args, h)) {
+        const float *norm = glmrt_rope_norm_of(args, h);
         if (norm != nullptr) {
             glmrt_head_rms_norm(head, norm, head_dim, args.eps, lane);
         }
@@ -178,9 +217,7 @@ __device__ __forceinline__ void glmrt_rope_store_head(const glmrt_cuda_rope_args
         }
         return;
     }
-    const int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
-    uint16_t *target = page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
-                       (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * head_dim;
+    uint16_t *target = glmrt_rope_kv_target(args, at, h);
     for (int32_t i = lane; i < head_dim; i += 32) {
         target[i] = glmrt_float_to_bf16_bits(head[i]);
     }
@@ -241,12 +278,11 @@ __host__ __device__ __forceinline__ int glmrt_rope_lanes_fit(int32_t head_dim, i
 template <int HD>
 __device__ __forceinline__ void glmrt_rope_store_lanes(const glmrt_cuda_rope_args &args, float (&x)[HD / 32],
                                                        float *source, int32_t h, const float *cosines,
-                                                       const float *sines, uint16_t *page_base, int32_t slot, int lane)
+                                                       const float *sines, const glmrt_rope_slot &at, int lane)
 {
-    const int is_query = h < args.num_q_heads;
-    const int is_key = !is_query && h < args.num_q_heads + args.kv.num_kv_heads;
-    if (is_query || is_key) {
-        const float *norm = is_query ? args.q_norm : args.k_norm;
+    const int is_query = glmrt_rope_is_query(args, h);
+    if (is_query || glmrt_rope_is_key(args, h)) {
+        const float *norm = glmrt_rope_norm_of(args, h);
         if (norm != nullptr) {
             glmrt_head_rms_norm_lanes<HD>(x, norm, args.eps, lane);
         }
@@ -259,9 +295,7 @@ __device__ __forceinline__ void glmrt_rope_store_lanes(const glmrt_cuda_rope_arg
         }
         return;
     }
-    const int32_t kv_head = is_key ? h - args.num_q_heads : h - args.num_q_heads - args.kv.num_kv_heads;
-    uint16_t *target = page_base + (int64_t)(is_key ? 0 : 1) * args.kv.num_kv_heads * args.kv.head_elements +
-                       (int64_t)kv_head * args.kv.head_elements + (int64_t)slot * HD;
+    uint16_t *target = glmrt_rope_kv_target(args, at, h);
 #pragma unroll
     for (int v = 0; v < HD / 32; ++v) {
         target[lane + 32 * v] = glmrt_float_to_bf16_bits(x[v]);
@@ -291,16 +325,12 @@ __global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_lanes_ker
     }
     const int32_t position = args.positions[token];
     glmrt_rope_angles(cosines, sines, args.rotary_dim, args.theta, position);
-    const int32_t seq = args.token_seq[token];
-    const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
-    const int32_t slot = position % args.kv.page_size;
-    uint16_t *page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
+    const glmrt_rope_slot at = glmrt_rope_slot_of(args, token, position);
 #pragma unroll
     for (int k = 0; k < HEADS_PER_WARP; ++k) {
         const int32_t h = first_head + k;
         if (h < num_heads) {
-            glmrt_rope_store_lanes<HD>(args, values[k], row + (int64_t)h * HD, h, cosines, sines, page_base, slot,
-                                       lane);
+            glmrt_rope_store_lanes<HD>(args, values[k], row + (int64_t)h * HD, h, cosines, sines, at, lane);
         }
     }
 }
@@ -343,15 +373,12 @@ __global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_store_ker
         }
     }
     __syncwarp();
-    const int32_t seq = args.token_seq[token];
-    const int32_t page = args.page_ids[args.seq_page_begin[seq] + position / args.kv.page_size];
-    const int32_t slot = position % args.kv.page_size;
-    uint16_t *page_base = args.kv.base + (int64_t)args.layer * args.kv.layer_elements + (int64_t)page * args.kv.page_elements;
+    const glmrt_rope_slot at = glmrt_rope_slot_of(args, token, position);
     for (int k = 0; k < HEADS_PER_WARP; ++k) {
         const int32_t h = first_head + k;
         if (h < num_heads) {
-            glmrt_rope_store_head(args, heads + k * head_dim, row + (int64_t)h * head_dim, h, cosines, sines,
-                                  page_base, slot, lane);
+            glmrt_rope_store_head(args, heads + k * head_dim, row + (int64_t)h * head_dim, h, cosines, sines, at,
+                                  lane);
         }
     }
 }
