@@ -550,11 +550,20 @@ static void glmrt_check_rope_store(glmrt_test_report *report, glmrt_test_rng *rn
     args.theta = theta;
     args.kv = glmrt_kv_of(s, d_cache);
     args.layer = s->num_layers - 1;
+    args.path = GLMRT_ROPE_PATH_AUTO;
     glmrt_error error;
     glmrt_error_clear(&error);
     glmrt_status status = glmrt_cuda_qk_rope_store(&args, 0, &error);
     std::vector<float> got_q = glmrt_test_download(d_qkv, qkv.size());
     std::vector<uint16_t> got_cache = glmrt_test_download(d_cache, cache.size());
+    cudaMemcpy(d_qkv, qkv.data(), qkv.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_cache, cache.data(), cache.size() * sizeof(uint16_t), cudaMemcpyHostToDevice);
+    args.path = GLMRT_ROPE_PATH_SHARED_MEMORY;
+    if (status == GLMRT_OK) status = glmrt_cuda_qk_rope_store(&args, 0, &error);
+    const std::vector<float> shared_q = glmrt_test_download(d_qkv, qkv.size());
+    const std::vector<uint16_t> shared_cache = glmrt_test_download(d_cache, cache.size());
+    const bool same_bits = memcmp(got_q.data(), shared_q.data(), got_q.size() * sizeof(float)) == 0 &&
+                           memcmp(got_cache.data(), shared_cache.data(), got_cache.size() * sizeof(uint16_t)) == 0;
     std::vector<float> inv_freq(rotary / 2);
     glmrt_rope_inv_freq_fill(theta, rotary, inv_freq.data());
     std::vector<float> cosv(rotary / 2), sinv(rotary / 2), head(hd);
@@ -590,6 +599,9 @@ static void glmrt_check_rope_store(glmrt_test_report *report, glmrt_test_rng *rn
     glmrt_test_expect(report, status == GLMRT_OK && worst < 1e-4, what, worst, 1e-4);
     snprintf(what, sizeof(what), "%s, %d tokens: k and v land in their pages within 1 bf16 ulp", label, tokens);
     glmrt_test_expect(report, status == GLMRT_OK && bf16_off == 0, what, (double)bf16_off, 0);
+    snprintf(what, sizeof(what), "%s, %d tokens: the chosen kernel and the shared-memory one give the same bits", label,
+             tokens);
+    glmrt_test_expect(report, status == GLMRT_OK && same_bits, what, same_bits ? 0.0 : 1.0, 0);
     cudaFree(d_qkv);
     cudaFree(d_qn);
     cudaFree(d_kn);

@@ -396,7 +396,8 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
     }
     const int wide = args->num_tokens >= GLMRT_ROPE_WIDE_MIN_TOKENS;
     const int32_t block_heads = GLMRT_ROPE_WARPS * (wide ? GLMRT_ROPE_WIDE_HEADS_PER_WARP : 1);
-    const int lanes = (head_dim == 64 || head_dim == 128) && glmrt_rope_lanes_fit(head_dim, args->rotary_dim);
+    const int lanes = args->path != GLMRT_ROPE_PATH_SHARED_MEMORY && (head_dim == 64 || head_dim == 128) &&
+                      glmrt_rope_lanes_fit(head_dim, args->rotary_dim);
     const size_t angles = 2 * (size_t)(args->rotary_dim / 2) * sizeof(float);
     const size_t shared = lanes ? angles : (size_t)block_heads * head_dim * sizeof(float) + angles;
     int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;

@@ -19,6 +19,9 @@ typedef struct glmrt_cuda_kv_layout {
     int32_t head_dim;
 } glmrt_cuda_kv_layout;
 
+#define GLMRT_ROPE_PATH_AUTO 0
+#define GLMRT_ROPE_PATH_SHARED_MEMORY 1
+
 typedef struct glmrt_cuda_rope_args {
     float *qkv;
     int64_t qkv_stride;
@@ -35,6 +38,7 @@ typedef struct glmrt_cuda_rope_args {
     float theta;
     glmrt_cuda_kv_layout kv;
     int32_t layer;
+    int32_t path;
 } glmrt_cuda_rope_args;
 
 __host__ __device__ __forceinline__ int32_t glmrt_fed_token_code(int32_t sample_index)

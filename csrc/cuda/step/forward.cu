@@ -338,6 +338,7 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     rope.theta = config->rope_theta;
     rope.kv = st->kv;
     rope.layer = index;
+    rope.path = GLMRT_ROPE_PATH_AUTO;
     GLMRT_TRY(glmrt_cuda_qk_rope_store(&rope, step->stream, step->error));
     glmrt_cuda_attention_args attention;
     attention.q = ws->qkv;
