@@ -5,6 +5,9 @@
 
 #define GLMRT_ACTIVATION_THREADS 256
 #define GLMRT_ACTIVATION_CACHED 12
+#define GLMRT_QUANTIZE_THREADS 512
+#define GLMRT_QUANTIZE_CACHED 6
+#define GLMRT_QUANTIZE_BLOCKS_PER_SM 2
 #define GLMRT_ACTIVATION_BLOCKS_PER_SM 4
 #define GLMRT_ROW_WARPS 8
 #define GLMRT_ROW_VECTORS 12
@@ -51,39 +54,39 @@ __device__ __forceinline__ const float *glmrt_activation_row(const float *x, int
 }
 
 template <int OP, int KIND>
-__global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS, GLMRT_ACTIVATION_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(GLMRT_QUANTIZE_THREADS, GLMRT_QUANTIZE_BLOCKS_PER_SM)
     glmrt_activation_quantize_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
                                      const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols,
                                      int32_t slice_cols)
 {
     glmrt_dependent_enter();
-    __shared__ float warp_max[GLMRT_ACTIVATION_THREADS / 32];
+    __shared__ float warp_max[GLMRT_QUANTIZE_THREADS / 32];
     const int32_t r = (int32_t)blockIdx.x;
     const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
     if (row == nullptr) {
         return;
     }
     const int32_t first = (int32_t)threadIdx.x * 4;
-    const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
+    const int32_t stride = GLMRT_QUANTIZE_THREADS * 4;
     const int32_t lo = (int32_t)blockIdx.y * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
-    float4 cached[GLMRT_ACTIVATION_CACHED];
-    float amax = glmrt_activation_load<OP, GLMRT_ACTIVATION_CACHED>(cached, row, cols, cols, first, stride);
+    float4 cached[GLMRT_QUANTIZE_CACHED];
+    float amax = glmrt_activation_load<OP, GLMRT_QUANTIZE_CACHED>(cached, row, cols, cols, first, stride);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
-        for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < cols; c += stride) {
+        for (int32_t c = first + GLMRT_QUANTIZE_CACHED * stride; c < cols; c += stride) {
             amax = glmrt_abs_max4(glmrt_activation_values<OP>(row, cols, c), amax);
         }
         scale = glmrt_activation_scale(glmrt_activation_block_max(amax, warp_max));
     }
 #pragma unroll
-    for (int k = 0; k < GLMRT_ACTIVATION_CACHED; ++k) {
+    for (int k = 0; k < GLMRT_QUANTIZE_CACHED; ++k) {
         const int32_t c = first + k * stride;
         if (c >= lo && c < hi) {
             glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
         }
     }
-    for (int32_t c = first + GLMRT_ACTIVATION_CACHED * stride; c < hi; c += stride) {
+    for (int32_t c = first + GLMRT_QUANTIZE_CACHED * stride; c < hi; c += stride) {
         if (c >= lo) {
             glmrt_operand_store4<KIND>(out, cols, r, c / 4, glmrt_activation_values<OP>(row, cols, c), scale);
         }
@@ -230,7 +233,7 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
                    int32_t) = o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8>
                                                           : glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16>;
     glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ACTIVATION_THREADS, 0, stream);
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_QUANTIZE_THREADS, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
                                              o->data, o->scales, o->cols, slice_cols));
     return GLMRT_OK;
