@@ -302,6 +302,33 @@ __device__ __forceinline__ void glmrt_rope_store_lanes(const glmrt_cuda_rope_arg
     }
 }
 
+__host__ __device__ __forceinline__ int32_t glmrt_rope_num_heads(const glmrt_cuda_rope_args &args)
+{
+    return args.num_q_heads + 2 * args.kv.num_kv_heads;
+}
+
+template <int HEADS_PER_WARP>
+__device__ __forceinline__ int32_t glmrt_rope_first_head(int warp)
+{
+    return ((int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp) * HEADS_PER_WARP;
+}
+
+template <int HEADS_PER_WARP, int VALUES>
+__device__ __forceinline__ void glmrt_rope_load_heads(const float *row, int32_t first_head, int32_t num_heads,
+                                                      int32_t head_dim, int lane,
+                                                      float (&values)[HEADS_PER_WARP][VALUES])
+{
+#pragma unroll
+    for (int k = 0; k < HEADS_PER_WARP; ++k) {
+#pragma unroll
+        for (int v = 0; v < VALUES; ++v) {
+            const int32_t i = lane + 32 * v;
+            values[k][v] = first_head + k < num_heads && i < head_dim ? row[(int64_t)(first_head + k) * head_dim + i]
+                                                                      : 0.0f;
+        }
+    }
+}
+
 template <int HEADS_PER_WARP, int HD>
 __global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_lanes_kernel(glmrt_cuda_rope_args args)
 {
@@ -310,19 +337,13 @@ __global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_lanes_ker
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int32_t token = blockIdx.x;
-    const int32_t first_head = ((int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp) * HEADS_PER_WARP;
+    const int32_t first_head = glmrt_rope_first_head<HEADS_PER_WARP>(warp);
     float *cosines = rope_shared;
     float *sines = cosines + args.rotary_dim / 2;
     float *row = args.qkv + (int64_t)token * args.qkv_stride;
-    const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
+    const int32_t num_heads = glmrt_rope_num_heads(args);
     float values[HEADS_PER_WARP][HD / 32];
-#pragma unroll
-    for (int k = 0; k < HEADS_PER_WARP; ++k) {
-#pragma unroll
-        for (int v = 0; v < HD / 32; ++v) {
-            values[k][v] = first_head + k < num_heads ? row[(int64_t)(first_head + k) * HD + lane + 32 * v] : 0.0f;
-        }
-    }
+    glmrt_rope_load_heads<HEADS_PER_WARP, HD / 32>(row, first_head, num_heads, HD, lane, values);
     const int32_t position = args.positions[token];
     glmrt_rope_angles(cosines, sines, args.rotary_dim, args.theta, position);
     const glmrt_rope_slot at = glmrt_rope_slot_of(args, token, position);
@@ -344,22 +365,15 @@ __global__ void __launch_bounds__(GLMRT_ROPE_WARPS * 32) glmrt_qk_rope_store_ker
     const int warp = threadIdx.x >> 5;
     const int32_t token = blockIdx.x;
     const int32_t head_dim = args.kv.head_dim;
-    const int32_t first_head = ((int32_t)blockIdx.y * GLMRT_ROPE_WARPS + warp) * HEADS_PER_WARP;
+    const int32_t first_head = glmrt_rope_first_head<HEADS_PER_WARP>(warp);
     float *heads = rope_shared + warp * HEADS_PER_WARP * head_dim;
     float *cosines = rope_shared + GLMRT_ROPE_WARPS * HEADS_PER_WARP * head_dim;
     float *sines = cosines + args.rotary_dim / 2;
     float *row = args.qkv + (int64_t)token * args.qkv_stride;
-    const int32_t num_heads = args.num_q_heads + 2 * args.kv.num_kv_heads;
+    const int32_t num_heads = glmrt_rope_num_heads(args);
     float values[HEADS_PER_WARP][GLMRT_ROPE_MAX_HEAD_DIM / 32];
-#pragma unroll
-    for (int k = 0; k < HEADS_PER_WARP; ++k) {
-#pragma unroll
-        for (int v = 0; v < GLMRT_ROPE_MAX_HEAD_DIM / 32; ++v) {
-            const int32_t i = lane + 32 * v;
-            values[k][v] = first_head + k < num_heads && i < head_dim ? row[(int64_t)(first_head + k) * head_dim + i]
-                                                                      : 0.0f;
-        }
-    }
+    glmrt_rope_load_heads<HEADS_PER_WARP, GLMRT_ROPE_MAX_HEAD_DIM / 32>(row, first_head, num_heads, head_dim, lane,
+                                                                       values);
     const int32_t position = args.positions[token];
     glmrt_rope_angles(cosines, sines, args.rotary_dim, args.theta, position);
 #pragma unroll
@@ -400,7 +414,7 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
                       glmrt_rope_lanes_fit(head_dim, args->rotary_dim);
     const size_t angles = 2 * (size_t)(args->rotary_dim / 2) * sizeof(float);
     const size_t shared = lanes ? angles : (size_t)block_heads * head_dim * sizeof(float) + angles;
-    int32_t num_heads = args->num_q_heads + 2 * args->kv.num_kv_heads;
+    const int32_t num_heads = glmrt_rope_num_heads(*args);
     dim3 grid((unsigned)args->num_tokens, (unsigned)glmrt_ceil_div(num_heads, block_heads));
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_ROPE_WARPS * 32, shared, stream);
