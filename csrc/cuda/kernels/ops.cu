@@ -112,6 +112,16 @@ glmrt_status glmrt_cuda_silu_mul(const float *gate_up, int32_t width, int32_t nu
     return GLMRT_OK;
 }
 
+__device__ __forceinline__ float glmrt_head_rms_inverse(float lane_squares, int32_t head_dim, float eps)
+{
+    return 1.0f / sqrtf(glmrt_warp_sum(lane_squares) / (float)head_dim + eps);
+}
+
+__device__ __forceinline__ float glmrt_head_rms_scaled(float weight, float value, float inverse)
+{
+    return weight * (value * inverse);
+}
+
 __device__ __forceinline__ void glmrt_head_rms_norm(float *head, const float *weight, int32_t head_dim, float eps,
                                                     int lane)
 {
@@ -119,10 +129,10 @@ __device__ __forceinline__ void glmrt_head_rms_norm(float *head, const float *we
     for (int32_t i = lane; i < head_dim; i += 32) {
         sum = __fmaf_rn(head[i], head[i], sum);
     }
-    float inverse = 1.0f / sqrtf(glmrt_warp_sum(sum) / (float)head_dim + eps);
+    const float inverse = glmrt_head_rms_inverse(sum, head_dim, eps);
     __syncwarp();
     for (int32_t i = lane; i < head_dim; i += 32) {
-        head[i] = weight[i] * (head[i] * inverse);
+        head[i] = glmrt_head_rms_scaled(weight[i], head[i], inverse);
     }
     __syncwarp();
 }
@@ -232,10 +242,10 @@ __device__ __forceinline__ void glmrt_head_rms_norm_lanes(float (&x)[HD / 32], c
     for (int v = 0; v < HD / 32; ++v) {
         sum = __fmaf_rn(x[v], x[v], sum);
     }
-    const float inverse = 1.0f / sqrtf(glmrt_warp_sum(sum) / (float)HD + eps);
+    const float inverse = glmrt_head_rms_inverse(sum, HD, eps);
 #pragma unroll
     for (int v = 0; v < HD / 32; ++v) {
-        x[v] = weight[lane + 32 * v] * (x[v] * inverse);
+        x[v] = glmrt_head_rms_scaled(weight[lane + 32 * v], x[v], inverse);
     }
 }
 
@@ -269,10 +279,11 @@ __device__ __forceinline__ void glmrt_head_rope_lanes(float (&x)[HD / 32], int32
     }
 }
 
-__host__ __device__ __forceinline__ int glmrt_rope_lanes_fit(int32_t head_dim, int32_t rotary_dim)
+static int glmrt_rope_lanes_fit(int32_t head_dim, int32_t rotary_dim)
 {
     const int32_t half = rotary_dim / 2;
-    return rotary_dim % 2 == 0 && half > 0 && (half % 32 == 0 || (half < 32 && 32 % half == 0)) && 2 * half <= head_dim;
+    return (head_dim == 64 || head_dim == 128) && rotary_dim % 2 == 0 && half > 0 &&
+           (half % 32 == 0 || (half < 32 && 32 % half == 0)) && 2 * half <= head_dim;
 }
 
 template <int HD>
@@ -410,8 +421,7 @@ glmrt_status glmrt_cuda_qk_rope_store(const glmrt_cuda_rope_args *args, cudaStre
     }
     const int wide = args->num_tokens >= GLMRT_ROPE_WIDE_MIN_TOKENS;
     const int32_t block_heads = GLMRT_ROPE_WARPS * (wide ? GLMRT_ROPE_WIDE_HEADS_PER_WARP : 1);
-    const int lanes = args->path != GLMRT_ROPE_PATH_SHARED_MEMORY && (head_dim == 64 || head_dim == 128) &&
-                      glmrt_rope_lanes_fit(head_dim, args->rotary_dim);
+    const int lanes = args->path != GLMRT_ROPE_PATH_SHARED_MEMORY && glmrt_rope_lanes_fit(head_dim, args->rotary_dim);
     const size_t angles = 2 * (size_t)(args->rotary_dim / 2) * sizeof(float);
     const size_t shared = lanes ? angles : (size_t)block_heads * head_dim * sizeof(float) + angles;
     const int32_t num_heads = glmrt_rope_num_heads(*args);
