@@ -5,6 +5,7 @@ import pytest
 from engine_support import build_test_model, cuda_ready, greedy, prompt_of_length
 
 from glmrt.engine.engine import Engine
+from glmrt.engine.errors import GlmrtError
 
 WEIGHT_FORMATS = ("bf16", "fp8-channel", "fp8-block")
 CONTEXTS = (1, 15, 16, 17, 511, 512, 513, 4096, 32768)
@@ -113,3 +114,11 @@ def test_cuda_single_token_prefill_chunk_past_512_equals_a_longer_chunk():
         assert tokens == rows[0][0]
         for row, first in zip(logits, rows[0][1]):
             assert np.array_equal(row.view(np.uint32), first.view(np.uint32))
+
+
+def test_a_head_size_without_attention_kernels_is_refused_when_the_engine_is_created():
+    model_dir = build_test_model("bf16", head_dim=96)
+    with pytest.raises(GlmrtError) as raised:
+        Engine(model_dir, backend="cuda", max_batch=2, max_tokens_per_step=16, kv_page_size=16, kv_num_pages=8)
+    assert raised.value.status_name == "UNSUPPORTED"
+    assert "head_dim 32, 64 or 128, the model has 96" in raised.value.message
