@@ -116,6 +116,8 @@ typedef struct glmrt_bench_context {
     glmrt_cuda_gemm_tile *tiles;
     int32_t *num_tiles;
     int32_t block_scales;
+    int32_t gated;
+    int32_t no_split;
 } glmrt_bench_context;
 
 typedef struct glmrt_bench_run {
@@ -145,6 +147,7 @@ static glmrt_status glmrt_bench_launch(const glmrt_bench_context *c, const glmrt
         call.tile_rows = r->tile_rows;
         call.y = c->y;
         call.y_stride = r->shape->rows;
+        call.gated = c->gated && strstr(r->shape->name, "gate_up") != nullptr;
         return glmrt_cuda_qgemm_run(&call, &c->split, c->stream, error);
     }
     if (grouped) {
@@ -227,7 +230,7 @@ static int glmrt_bench_copies(const glmrt_bench_context *c, const glmrt_bench_sh
         glmrt_bench_copy copy;
         copy.m = glmrt_bench_matrix(shape, data, c->scales, c->block_scales);
         copy.q = (glmrt_cuda_qgemm_weight *)glmrt_bench_aligned(sizeof(glmrt_cuda_qgemm_weight));
-        const int32_t allow_split = shape.experts == 0 && shape.format == GLMRT_CUDA_FORMAT_FP8;
+        const int32_t allow_split = shape.experts == 0 && shape.format == GLMRT_CUDA_FORMAT_FP8 && !c->no_split;
         if (copy.q == nullptr || !glmrt_bench_status(glmrt_cuda_qgemm_weight_prepare(&copy.m, c->num_sms, allow_split,
                                                                                      copy.q, error),
                                                      error, "weight tensor map")) {
@@ -423,6 +426,8 @@ int main(int argc, char **argv)
 {
     int32_t with_high = 0;
     int32_t block_scales = 1;
+    int32_t gated = 0;
+    int32_t no_split = 0;
     const char *only = nullptr;
     std::vector<int32_t> chosen_rows;
     for (int i = 1; i < argc; ++i) {
@@ -434,6 +439,8 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--channel-scales") == 0) {
             block_scales = 0;
         }
+        gated |= strcmp(argv[i], "--gated") == 0;
+        no_split |= strcmp(argv[i], "--no-split") == 0;
         if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
         }
@@ -454,6 +461,8 @@ int main(int argc, char **argv)
     glmrt_bench_context c;
     memset(&c, 0, sizeof(c));
     c.block_scales = block_scales;
+    c.gated = gated;
+    c.no_split = no_split;
     int device = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&c.num_sms, cudaDevAttrMultiProcessorCount, device);

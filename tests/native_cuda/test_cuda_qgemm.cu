@@ -696,6 +696,190 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
     cudaFree(d_count);
 }
 
+typedef struct glmrt_qtest_gated_run {
+    const glmrt_cuda_matrix *w;
+    const glmrt_cuda_qgemm_operand *x;
+    int32_t rows;
+    const glmrt_cuda_gemm_tile *d_tiles;
+    const int32_t *d_count;
+    int32_t grid_tiles;
+    int32_t tile_rows;
+    float *d_y;
+} glmrt_qtest_gated_run;
+
+static glmrt_status glmrt_qtest_gated_products(const glmrt_qtest_gated_run *r, int32_t gated,
+                                               const glmrt_cuda_qgemm_operand *act, int32_t *took_gate,
+                                               glmrt_error *error)
+{
+    const int32_t width = r->w->rows / 2;
+    glmrt_cuda_qgemm_call call;
+    memset(&call, 0, sizeof(call));
+    call.w = r->w;
+    call.x = r->x;
+    call.num_rows = r->rows;
+    call.tiles = r->d_tiles;
+    call.num_tiles = r->d_count;
+    call.grid_tiles = r->grid_tiles;
+    call.tile_rows = r->tile_rows;
+    call.y = r->d_y;
+    call.y_stride = 2 * (int64_t)width;
+    call.gated = gated;
+    *took_gate = glmrt_cuda_qgemm_gates(&call);
+    cudaMemset(r->d_y, 0xff, (size_t)r->rows * 2 * width * sizeof(float));
+    glmrt_status status = glmrt_cuda_qgemm_run(&call, nullptr, 0, error);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(r->d_y, 2 * (int64_t)width, nullptr,
+                                      *took_gate ? GLMRT_ACTIVATION_COPY : GLMRT_ACTIVATION_SILU_MUL, r->rows, act,
+                                      error);
+    }
+    return status;
+}
+
+static long glmrt_qtest_up_half_written(const float *d_y, int32_t rows, int32_t width)
+{
+    std::vector<float> y = glmrt_test_download(d_y, (size_t)rows * 2 * width);
+    long written = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+        for (int32_t c = width; c < 2 * width; ++c) {
+            uint32_t bits;
+            memcpy(&bits, &y[(size_t)r * 2 * width + c], 4);
+            written += bits != 0xffffffffu;
+        }
+    }
+    return written;
+}
+
+static long glmrt_qtest_gated_differs(const glmrt_qtest_gated_run *r, int32_t kind, int32_t expect_gate,
+                                      glmrt_status *status, glmrt_error *error)
+{
+    const int32_t width = r->w->rows / 2;
+    glmrt_qtest_operand *plain = glmrt_qtest_operand_new(kind, width, r->rows, error, status);
+    glmrt_qtest_operand *gated = glmrt_qtest_operand_new(kind, width, r->rows, error, status);
+    int32_t plain_gate = 0;
+    int32_t took_gate = 0;
+    long differing = 1;
+    if (*status == GLMRT_OK) {
+        *status = glmrt_qtest_gated_products(r, 0, &plain->operand, &plain_gate, error);
+    }
+    if (*status == GLMRT_OK) {
+        *status = glmrt_qtest_gated_products(r, 1, &gated->operand, &took_gate, error);
+    }
+    if (*status == GLMRT_OK) {
+        const size_t bytes = (size_t)r->rows * width * glmrt_operand_bytes(kind);
+        std::vector<uint8_t> a = glmrt_test_download(plain->data, bytes);
+        std::vector<uint8_t> b = glmrt_test_download(gated->data, bytes);
+        std::vector<float> sa = glmrt_test_download(plain->scales, (size_t)r->rows);
+        std::vector<float> sb = glmrt_test_download(gated->scales, (size_t)r->rows);
+        differing = 0;
+        for (size_t i = 0; i < bytes; ++i) {
+            differing += a[i] != b[i];
+        }
+        if (kind == GLMRT_OPERAND_FP8) {
+            differing += memcmp(sa.data(), sb.data(), sa.size() * 4) != 0;
+        }
+        differing += plain_gate != 0 || took_gate != expect_gate;
+        differing += took_gate ? glmrt_qtest_up_half_written(r->d_y, r->rows, width) : 0;
+    }
+    glmrt_qtest_operand_free(plain);
+    glmrt_qtest_operand_free(gated);
+    return differing;
+}
+
+static void glmrt_qtest_gated(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
+{
+    const int32_t cols = 608;
+    const int32_t width = 192;
+    const int32_t rows = 400;
+    const int32_t groups = 3;
+    const int32_t group_rows[groups] = {45, 0, 150};
+    std::vector<int32_t> parts = {width, width};
+    glmrt_host_matrix dense_h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
+    glmrt_host_matrix grouped_h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, groups, tc->block);
+    uint8_t *d_dense;
+    float *d_dense_scale;
+    uint8_t *d_grouped;
+    float *d_grouped_scale;
+    glmrt_device_matrix(&dense_h, &d_dense, &d_dense_scale);
+    glmrt_device_matrix(&grouped_h, &d_grouped, &d_grouped_scale);
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&dense_h.m);
+    glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, rows, cols);
+    float *d_x = glmrt_test_upload(x.x);
+    float *d_y = glmrt_test_alloc<float>((size_t)rows * 2 * width);
+    int32_t *d_count = glmrt_test_alloc<int32_t>(1);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = GLMRT_OK;
+    glmrt_cuda_qgemm_weight *dense_q = glmrt_qtest_weight_on(&dense_h.m, GLMRT_QTEST_FEW_SMS, 0, &error, &status);
+    glmrt_cuda_qgemm_weight *grouped_q = glmrt_qtest_weight_new(&grouped_h.m, 0, &error, &status);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, rows, &error, &status);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, rows, &o->operand, &error);
+    }
+    glmrt_qtest_gated_run run;
+    memset(&run, 0, sizeof(run));
+    run.w = &dense_h.m;
+    run.x = &o->operand;
+    run.d_y = d_y;
+    long differing = 0;
+    for (int32_t dense_rows : {rows, 40}) {
+        run.rows = dense_rows;
+        const long d = status == GLMRT_OK ? glmrt_qtest_gated_differs(&run, kind, dense_rows == rows, &status, &error)
+                                          : 1;
+        differing += d;
+    }
+    char what[240];
+    snprintf(what, sizeof(what),
+             "qgemm %s gate-up of %d rows with SiLU-times-up in the staged epilogue rounds to the same operand bits "
+             "as the two-pass path (and 40 rows take the two-pass path)",
+             tc->name, rows);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    differing = 0;
+    run.w = &grouped_h.m;
+    run.rows = group_rows[0] + group_rows[1] + group_rows[2];
+    for (int32_t tile_rows : {128, 32}) {
+        std::vector<glmrt_cuda_gemm_tile> tiles;
+        int32_t row_begin = 0;
+        for (int32_t g = 0; g < groups; ++g) {
+            for (int32_t t = 0; t < group_rows[g]; t += tile_rows) {
+                glmrt_cuda_gemm_tile tile;
+                tile.group = g;
+                tile.row_begin = row_begin + t;
+                tile.num_rows = std::min(tile_rows, group_rows[g] - t);
+                tile.reserved = 0;
+                tiles.push_back(tile);
+            }
+            row_begin += group_rows[g];
+        }
+        int32_t count = (int32_t)tiles.size();
+        glmrt_cuda_gemm_tile *d_tiles = glmrt_test_upload(tiles);
+        cudaMemcpy(d_count, &count, sizeof(count), cudaMemcpyHostToDevice);
+        run.d_tiles = d_tiles;
+        run.d_count = d_count;
+        run.grid_tiles = count + 2;
+        run.tile_rows = tile_rows;
+        differing += status == GLMRT_OK ? glmrt_qtest_gated_differs(&run, kind, tile_rows == 128, &status, &error) : 1;
+        cudaFree(d_tiles);
+    }
+    snprintf(what, sizeof(what),
+             "qgemm %s grouped gate-up in 128-row tiles with SiLU-times-up in the epilogue rounds to the same operand "
+             "bits as the two-pass path (32-row tiles take the two-pass path)",
+             tc->name);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (status != GLMRT_OK) {
+        printf("error: %s\n", error.message);
+    }
+    glmrt_qtest_operand_free(o);
+    free(dense_q);
+    free(grouped_q);
+    cudaFree(d_dense);
+    cudaFree(d_dense_scale);
+    cudaFree(d_grouped);
+    cudaFree(d_grouped_scale);
+    cudaFree(d_x);
+    cudaFree(d_y);
+    cudaFree(d_count);
+}
+
 int main(void)
 {
     glmrt_test_report report = {0, 0};
@@ -724,6 +908,7 @@ int main(void)
         glmrt_qtest_wide(&report, &rng, &tc);
         glmrt_qtest_grouped(&report, &rng, &tc, 176);
         glmrt_qtest_grouped(&report, &rng, &tc, 320);
+        glmrt_qtest_gated(&report, &rng, &tc);
     }
     return glmrt_test_finish("test_cuda_qgemm", &report);
 }

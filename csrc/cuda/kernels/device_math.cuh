@@ -97,7 +97,7 @@ __device__ __forceinline__ float4 glmrt_bf16x4_to_float4(uint32_t low, uint32_t 
 
 __device__ __forceinline__ float glmrt_silu_times(float gate, float up)
 {
-    return gate / (1.0f + expf(-gate)) * up;
+    return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate))), up);
 }
 
 __host__ __device__ __forceinline__ int64_t glmrt_ceil_div64(int64_t a, int64_t b)

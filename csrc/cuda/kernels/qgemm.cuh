@@ -57,6 +57,7 @@ typedef struct glmrt_cuda_qgemm_call {
     int64_t y_stride;
     const float *bias;
     int32_t accumulate;
+    int32_t gated;
 } glmrt_cuda_qgemm_call;
 
 int glmrt_cuda_qgemm_device_supported(int device);
@@ -72,6 +73,7 @@ glmrt_status glmrt_cuda_qgemm_weight_prepare(const glmrt_cuda_matrix *w, int32_t
 glmrt_status glmrt_cuda_qgemm_operand_prepare(glmrt_cuda_qgemm_operand *operand, int32_t kind, uint8_t *data,
                                               float *scales, int32_t cols, int32_t capacity_rows, const char *what,
                                               glmrt_error *error);
+int glmrt_cuda_qgemm_gates(const glmrt_cuda_qgemm_call *call);
 glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_split *split,
                                   cudaStream_t stream, glmrt_error *error);
 

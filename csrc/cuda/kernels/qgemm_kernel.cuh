@@ -36,6 +36,7 @@ typedef struct glmrt_qgemm_params {
     int32_t token_tiles;
     int32_t split_units;
     int32_t accumulate;
+    int32_t gated_rows;
 } glmrt_qgemm_params;
 
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
@@ -52,8 +53,9 @@ struct glmrt_qgemm_shape {
     static constexpr int a_bytes = consumers * weight_tile_bytes;
     static constexpr int b_bytes = BN * GLMRT_TENSOR_MAP_ROW_BYTES;
     static constexpr int stage_bytes = a_bytes + b_bytes;
-    static constexpr int fold_bytes = FOLD ? consumer_threads * (BN / 2) * 4 : 0;
-    static constexpr bool staged = BN == GLMRT_QGEMM_MAX_TILE_ROWS && FOLD == 0;
+    static constexpr bool folds = FOLD != 0;
+    static constexpr bool staged = BN == GLMRT_QGEMM_MAX_TILE_ROWS;
+    static constexpr int fold_bytes = folds && !staged ? consumer_threads * (BN / 2) * 4 : 0;
     static constexpr int cta_rows = consumers * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
     static constexpr int out_stride = cta_rows + GLMRT_QGEMM_OUT_PAD;
     static constexpr int out_bytes = staged ? BN * out_stride * 4 : 0;
@@ -156,6 +158,16 @@ __device__ __forceinline__ int32_t glmrt_qgemm_weight_row(const glmrt_qgemm_para
     return group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS * consumers;
 }
 
+__device__ __forceinline__ int32_t glmrt_qgemm_consumer_row(const glmrt_qgemm_params &p,
+                                                             const glmrt_qgemm_segment &segment, int consumers,
+                                                             int consumer)
+{
+    if (p.gated_rows > 0) {
+        return consumer * p.gated_rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
+    }
+    return (segment.tile * consumers + consumer) * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
+}
+
 __device__ __forceinline__ void glmrt_qgemm_token_tile(const glmrt_qgemm_params &p, int32_t token_tile, int bn,
                                                        int32_t *group, int32_t *row_begin, int32_t *count)
 {
@@ -178,6 +190,20 @@ __device__ __forceinline__ void glmrt_qgemm_consumer_sync(int consumers)
     asm volatile("bar.sync %0, %1;\n" ::"n"(GLMRT_QGEMM_CONSUMER_BARRIER), "r"(consumers * 128) : "memory");
 }
 
+template <typename SHAPE>
+__device__ __forceinline__ void glmrt_qgemm_load_weight_tile(uint8_t *at, const CUtensorMap *w_map, uint64_t *full,
+                                                             int32_t inner, const glmrt_qgemm_params &p,
+                                                             int32_t group, const glmrt_qgemm_segment &segment)
+{
+    if (SHAPE::staged && p.gated_rows > 0) {
+        const int32_t gate_row = group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
+        glmrt_tma_load_2d(at, w_map, full, inner, gate_row);
+        glmrt_tma_load_2d(at + SHAPE::weight_tile_bytes, w_map, full, inner, gate_row + p.gated_rows);
+        return;
+    }
+    glmrt_tma_load_2d(at, w_map, full, inner, glmrt_qgemm_weight_row(p, group, segment, SHAPE::consumers));
+}
+
 template <typename SHAPE, int KIND>
 __device__ __forceinline__ int32_t glmrt_qgemm_preload_weights(const CUtensorMap *w_map, const glmrt_qgemm_params &p,
                                                                uint8_t *tiles, uint64_t *full)
@@ -186,11 +212,10 @@ __device__ __forceinline__ int32_t glmrt_qgemm_preload_weights(const CUtensorMap
     glmrt_qgemm_segment segment;
     int32_t issued = 0;
     while (issued < SHAPE::stages && glmrt_qgemm_walk_next(p, &walk, &segment)) {
-        const int32_t w_outer = glmrt_qgemm_weight_row(p, 0, segment, SHAPE::consumers);
         for (int32_t kb = segment.k_begin; kb < segment.k_end && issued < SHAPE::stages; ++kb, ++issued) {
             glmrt_mbarrier_expect_bytes(&full[issued], SHAPE::stage_bytes);
-            glmrt_tma_load_2d(tiles + issued * SHAPE::stage_bytes, w_map, &full[issued],
-                              kb * glmrt_operand_block_elements(KIND), w_outer);
+            glmrt_qgemm_load_weight_tile<SHAPE>(tiles + issued * SHAPE::stage_bytes, w_map, &full[issued],
+                                                kb * glmrt_operand_block_elements(KIND), p, 0, segment);
         }
     }
     return issued;
@@ -211,14 +236,13 @@ __device__ __forceinline__ void glmrt_qgemm_produce(const CUtensorMap *w_map, co
         int32_t row_begin;
         int32_t count;
         glmrt_qgemm_token_tile(p, segment.token_tile, SHAPE::bn, &group, &row_begin, &count);
-        const int32_t w_outer = glmrt_qgemm_weight_row(p, group, segment, SHAPE::consumers);
         for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb, ++issued) {
             uint8_t *at = tiles + stage * SHAPE::stage_bytes;
             const int32_t inner = kb * glmrt_operand_block_elements(KIND);
             if (issued >= preloaded) {
                 glmrt_mbarrier_wait(&empty[stage], phase ^ 1u);
                 glmrt_mbarrier_expect_bytes(&full[stage], SHAPE::stage_bytes);
-                glmrt_tma_load_2d(at, w_map, &full[stage], inner, w_outer);
+                glmrt_qgemm_load_weight_tile<SHAPE>(at, w_map, &full[stage], inner, p, group, segment);
             }
 #pragma unroll
             for (int j = 0; j < SHAPE::b_bytes / SHAPE::box_bytes; ++j) {
@@ -316,13 +340,13 @@ __device__ __forceinline__ void glmrt_qgemm_finish(const glmrt_qgemm_params &p, 
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
 __device__ __forceinline__ void glmrt_qgemm_stage_result(const glmrt_qgemm_params &p, const float *result,
                                                          float *out_tile, int32_t group, int32_t row_begin,
-                                                         int32_t count, int32_t cta_row0, int consumer, int local)
+                                                         int32_t count, int32_t row0, int consumer, int local)
 {
     typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
     const int warp = local / 32;
     const int lane = local % 32;
     const int32_t local_row = consumer * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
-    const glmrt_qgemm_row_terms terms = glmrt_qgemm_load_row_terms<SCALE>(p, group, cta_row0 + local_row);
+    const glmrt_qgemm_row_terms terms = glmrt_qgemm_load_row_terms<SCALE>(p, group, row0);
     float row_scale[shape::acc / 2];
 #pragma unroll
     for (int t = 0; t < shape::acc / 2; ++t) {
@@ -373,6 +397,25 @@ __device__ __forceinline__ void glmrt_qgemm_copy_out(const glmrt_qgemm_params &p
                 glmrt_qgemm_store_value(p, at + c, values[c]);
             }
         }
+    }
+}
+
+template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
+__device__ __forceinline__ void glmrt_qgemm_copy_out_gated(const glmrt_qgemm_params &p, const float *out_tile,
+                                                           int32_t row_begin, int32_t count, int32_t tile, int thread)
+{
+    typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
+    constexpr int quads = GLMRT_QGEMM_WEIGHT_TILE_ROWS / 4;
+    const int32_t first_column = tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
+    for (int32_t index = thread; index < count * quads; index += shape::consumer_threads) {
+        const int32_t token = index / quads;
+        const int32_t column = (index % quads) * 4;
+        const float *at = out_tile + token * shape::out_stride + column;
+        const float4 gate = *reinterpret_cast<const float4 *>(at);
+        const float4 up = *reinterpret_cast<const float4 *>(at + GLMRT_QGEMM_WEIGHT_TILE_ROWS);
+        *reinterpret_cast<float4 *>(p.y + ((int64_t)row_begin + token) * p.y_stride + first_column + column) =
+            make_float4(glmrt_silu_times(gate.x, up.x), glmrt_silu_times(gate.y, up.y),
+                        glmrt_silu_times(gate.z, up.z), glmrt_silu_times(gate.w, up.w));
     }
 }
 
@@ -528,13 +571,33 @@ __device__ __forceinline__ void glmrt_qgemm_promote_group(float *acc, float *par
     }
 }
 
-template <int ACC, int STRIDE>
-__device__ __forceinline__ void glmrt_qgemm_fold(float *total, float *acc, bool first_range)
+template <typename SHAPE>
+__device__ __forceinline__ int32_t glmrt_qgemm_fold_slot(int i, int lane)
+{
+    if constexpr (SHAPE::staged) {
+        return glmrt_qgemm_fragment_token(i, lane) * SHAPE::out_stride + glmrt_qgemm_fragment_row(i);
+    } else {
+        return i * SHAPE::consumer_threads;
+    }
+}
+
+template <typename SHAPE>
+__device__ __forceinline__ void glmrt_qgemm_fold(float *total, float *acc, bool first_range, int lane)
 {
 #pragma unroll
-    for (int i = 0; i < ACC; ++i) {
-        total[i * STRIDE] = first_range ? acc[i] : __fadd_rn(total[i * STRIDE], acc[i]);
+    for (int i = 0; i < SHAPE::acc; ++i) {
+        float *slot = total + glmrt_qgemm_fold_slot<SHAPE>(i, lane);
+        *slot = first_range ? acc[i] : __fadd_rn(*slot, acc[i]);
         acc[i] = 0.0f;
+    }
+}
+
+template <typename SHAPE>
+__device__ __forceinline__ void glmrt_qgemm_unfold(const float *total, float *acc, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < SHAPE::acc; ++i) {
+        acc[i] = __fadd_rn(total[glmrt_qgemm_fold_slot<SHAPE>(i, lane)], acc[i]);
     }
 }
 
@@ -547,6 +610,7 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_promoted(const glmrt_qgemm_
     float part_a[SHAPE::acc];
     float part_b[SHAPE::two_partials ? SHAPE::acc : 1];
     bool first_range = true;
+    int32_t next_fold = (segment.k_begin / p.split_k_blocks + 1) * p.split_k_blocks;
     const int32_t groups = (segment.k_end - segment.k_begin) * SHAPE::promotions;
     auto issue_group = [&](float *part, int32_t g) {
         return glmrt_qgemm_issue_group<SHAPE, KIND, SCALE, PROMOTE>(
@@ -555,9 +619,10 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_promoted(const glmrt_qgemm_
     auto promote_group = [&](float *part, float2 scale, int32_t g) {
         const int32_t kb = segment.k_begin + g / SHAPE::promotions;
         const int q = g % SHAPE::promotions;
-        if (FOLD && q == 0 && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
-            glmrt_qgemm_fold<SHAPE::acc, SHAPE::consumer_threads>(total, acc, first_range);
+        if (FOLD && q == 0 && kb == next_fold) {
+            glmrt_qgemm_fold<SHAPE>(total, acc, first_range, lane);
             first_range = false;
+            next_fold += p.split_k_blocks;
         }
         glmrt_qgemm_promote_group<SHAPE, SCALE>(acc, part, scale, pipe, q, lane);
     };
@@ -605,8 +670,8 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_plain(const glmrt_qgemm_par
     bool first_range = true;
     bool range_start = true;
     for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
-        if (SHAPE::fold_bytes > 0 && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
-            glmrt_qgemm_fold<SHAPE::acc, SHAPE::consumer_threads>(total, acc, first_range);
+        if (SHAPE::folds && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
+            glmrt_qgemm_fold<SHAPE>(total, acc, first_range, lane);
             first_range = false;
             range_start = true;
         }
@@ -628,7 +693,8 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
     const int warp = local / 32;
     const int lane = local % 32;
     float acc[shape::acc];
-    float *total = fold_totals + threadIdx.x;
+    float *total = shape::staged ? out_tile + consumer * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4
+                                 : fold_totals + threadIdx.x;
     glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, shape::consumers);
     glmrt_qgemm_segment segment;
     glmrt_qgemm_pipe pipe = {tiles, full, empty, {0, 0u}, {0, 0u}};
@@ -637,8 +703,7 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
         int32_t row_begin;
         int32_t count;
         glmrt_qgemm_token_tile(p, segment.token_tile, BN, &group, &row_begin, &count);
-        const int32_t tile = segment.tile * shape::consumers + consumer;
-        const int32_t row0 = tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
+        const int32_t row0 = glmrt_qgemm_consumer_row(p, segment, shape::consumers, consumer) + warp * 16 + lane / 4;
         glmrt_qgemm_scale_rows rows;
         rows.group_scale = p.w.scale != nullptr ? p.w.scale + (int64_t)group * p.w.group_scales : nullptr;
         rows.row0 = 0;
@@ -653,6 +718,9 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
         for (int i = 0; i < shape::acc; ++i) {
             acc[i] = 0.0f;
         }
+        if constexpr (shape::staged && shape::folds) {
+            glmrt_qgemm_consumer_sync(shape::consumers);
+        }
         bool first_range;
         if constexpr (shape::promoted) {
             first_range = glmrt_qgemm_mainloop_promoted<shape, KIND, SCALE, PROMOTE, FOLD>(
@@ -661,12 +729,9 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
             first_range = glmrt_qgemm_mainloop_plain<shape, KIND, SCALE, PROMOTE>(
                 p, segment, &pipe, acc, total, consumer, lane, rows);
         }
-        if constexpr (FOLD) {
+        if constexpr (shape::folds) {
             if (!first_range) {
-#pragma unroll
-                for (int i = 0; i < shape::acc; ++i) {
-                    acc[i] = __fadd_rn(total[i * shape::consumer_threads], acc[i]);
-                }
+                glmrt_qgemm_unfold<shape>(total, acc, lane);
             }
         }
         if constexpr (shape::consumers == 1) {
@@ -677,13 +742,17 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
             }
         }
         if constexpr (shape::staged) {
-            const int32_t cta_row0 = segment.tile * shape::cta_rows;
             glmrt_qgemm_consumer_sync(shape::consumers);
             glmrt_qgemm_stage_result<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, out_tile, group, row_begin, count,
-                                                                     cta_row0, consumer, local);
+                                                                     row0, consumer, local);
             glmrt_qgemm_consumer_sync(shape::consumers);
-            glmrt_qgemm_copy_out<KIND, SCALE, PROMOTE, BN, FOLD>(p, out_tile, row_begin, count, cta_row0,
-                                                                 (int)threadIdx.x);
+            if (p.gated_rows > 0) {
+                glmrt_qgemm_copy_out_gated<KIND, SCALE, PROMOTE, BN, FOLD>(p, out_tile, row_begin, count, segment.tile,
+                                                                           (int)threadIdx.x);
+            } else {
+                glmrt_qgemm_copy_out<KIND, SCALE, PROMOTE, BN, FOLD>(p, out_tile, row_begin, count,
+                                                                     segment.tile * shape::cta_rows, (int)threadIdx.x);
+            }
         } else {
             glmrt_qgemm_finish<KIND, SCALE, PROMOTE, BN, FOLD>(p, acc, group, row_begin, count, row0, lane);
         }

@@ -160,9 +160,9 @@ static glmrt_status glmrt_step_quantize(const glmrt_step_context *step, const gl
     return glmrt_cuda_activation_quantize(&args, step->stream, step->error);
 }
 
-static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
-                                            const glmrt_cuda_qgemm_operand *x, float *y, int64_t y_stride,
-                                            int32_t num_rows, const float *bias, int32_t accumulate)
+static glmrt_cuda_qgemm_call glmrt_step_dense_call(const glmrt_cuda_matrix *w, const glmrt_cuda_qgemm_operand *x,
+                                                   float *y, int64_t y_stride, int32_t num_rows, const float *bias,
+                                                   int32_t accumulate)
 {
     glmrt_cuda_qgemm_call call;
     memset(&call, 0, sizeof(call));
@@ -173,7 +173,20 @@ static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, cons
     call.y_stride = y_stride;
     call.bias = bias;
     call.accumulate = accumulate;
+    return call;
+}
+
+static glmrt_status glmrt_step_native_dense(const glmrt_step_context *step, const glmrt_cuda_matrix *w,
+                                            const glmrt_cuda_qgemm_operand *x, float *y, int64_t y_stride,
+                                            int32_t num_rows, const float *bias, int32_t accumulate)
+{
+    const glmrt_cuda_qgemm_call call = glmrt_step_dense_call(w, x, y, y_stride, num_rows, bias, accumulate);
     return glmrt_cuda_qgemm_run(&call, &step->state->matmuls->split, step->stream, step->error);
+}
+
+static int32_t glmrt_step_gated_op(const glmrt_cuda_qgemm_call *call)
+{
+    return glmrt_cuda_qgemm_gates(call) ? GLMRT_ACTIVATION_COPY : GLMRT_ACTIVATION_SILU_MUL;
 }
 
 typedef struct glmrt_step_norm_target {
@@ -386,13 +399,17 @@ static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_
     glmrt_cuda_workspace *ws = &st->ws;
     int32_t t = step->counts->num_tokens;
     int32_t width = down->cols;
-    GLMRT_TRY(glmrt_step_dense_normed(step, gate_up, ws->mlp_gate_up, 2 * (int64_t)width, nullptr));
-    if (down->qgemm != nullptr) {
+    if (gate_up->qgemm != nullptr && down->qgemm != nullptr) {
+        glmrt_cuda_qgemm_call call = glmrt_step_dense_call(gate_up, glmrt_step_operand(step, &glmrt_cuda_matmuls::rows),
+                                                           ws->mlp_gate_up, 2 * (int64_t)width, t, nullptr, 0);
+        call.gated = 1;
+        GLMRT_TRY(glmrt_cuda_qgemm_run(&call, &st->matmuls->split, step->stream, step->error));
         const glmrt_cuda_qgemm_operand *x = glmrt_step_operand(step, act);
-        GLMRT_TRY(glmrt_step_quantize(step, x, ws->mlp_gate_up, 2 * (int64_t)width, nullptr, GLMRT_ACTIVATION_SILU_MUL,
+        GLMRT_TRY(glmrt_step_quantize(step, x, ws->mlp_gate_up, 2 * (int64_t)width, nullptr, glmrt_step_gated_op(&call),
                                       t, nullptr));
         return glmrt_step_native_dense(step, down, x, out, d->hidden, t, nullptr, accumulate);
     }
+    GLMRT_TRY(glmrt_step_dense_normed(step, gate_up, ws->mlp_gate_up, 2 * (int64_t)width, nullptr));
     GLMRT_TRY(glmrt_cuda_silu_mul(ws->mlp_gate_up, width, t, nullptr, ws->mlp_act, step->stream, step->error));
     return glmrt_cuda_gemm_dense(down, ws->mlp_act, width, out, d->hidden, t, nullptr, accumulate, step->stream,
                                  step->error);
@@ -442,9 +459,11 @@ static glmrt_status glmrt_layer_experts_rounded(glmrt_step_context *step, const 
     call.tile_rows = tile_rows;
     call.y = ws->expert_gate_up;
     call.y_stride = 2 * (int64_t)d->expert_width;
+    call.gated = 1;
     GLMRT_TRY(glmrt_cuda_qgemm_run(&call, &m->split, step->stream, step->error));
     GLMRT_TRY(glmrt_step_quantize(step, &m->expert_act, ws->expert_gate_up, 2 * (int64_t)d->expert_width, nullptr,
-                                  GLMRT_ACTIVATION_SILU_MUL, assignments, num_sorted));
+                                  glmrt_step_gated_op(&call), assignments, num_sorted));
+    call.gated = 0;
     call.w = &layer->experts_down;
     call.x = &m->expert_act;
     call.y = ws->expert_out;
