@@ -565,6 +565,25 @@ static void glmrt_qtest_wide(glmrt_test_report *report, glmrt_test_rng *rng, con
     cudaFree(d_y_windows);
 }
 
+static std::vector<glmrt_cuda_gemm_tile> glmrt_qtest_group_tiles(const int32_t *group_rows, int32_t groups,
+                                                                  int32_t tile_rows)
+{
+    std::vector<glmrt_cuda_gemm_tile> tiles;
+    int32_t row_begin = 0;
+    for (int32_t g = 0; g < groups; ++g) {
+        for (int32_t t = 0; t < group_rows[g]; t += tile_rows) {
+            glmrt_cuda_gemm_tile tile;
+            tile.group = g;
+            tile.row_begin = row_begin + t;
+            tile.num_rows = std::min(tile_rows, group_rows[g] - t);
+            tile.reserved = 0;
+            tiles.push_back(tile);
+        }
+        row_begin += group_rows[g];
+    }
+    return tiles;
+}
+
 static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
                                 int32_t rows)
 {
@@ -643,19 +662,7 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
     glmrt_test_expect(report, status == GLMRT_OK && worst < GLMRT_QTEST_BOUND, what, worst, GLMRT_QTEST_BOUND);
     long differing = 0;
     for (int32_t tile_rows : {8, 32, 128}) {
-        std::vector<glmrt_cuda_gemm_tile> tiles;
-        row_begin = 0;
-        for (int32_t g = 0; g < groups; ++g) {
-            for (int32_t t = 0; t < group_rows[g]; t += tile_rows) {
-                glmrt_cuda_gemm_tile tile;
-                tile.group = g;
-                tile.row_begin = row_begin + t;
-                tile.num_rows = std::min(tile_rows, group_rows[g] - t);
-                tile.reserved = 0;
-                tiles.push_back(tile);
-            }
-            row_begin += group_rows[g];
-        }
+        std::vector<glmrt_cuda_gemm_tile> tiles = glmrt_qtest_group_tiles(group_rows, groups, tile_rows);
         int32_t count = (int32_t)tiles.size();
         glmrt_cuda_gemm_tile *d_tiles = glmrt_test_upload(tiles);
         cudaMemcpy(d_count, &count, sizeof(count), cudaMemcpyHostToDevice);
@@ -837,19 +844,7 @@ static void glmrt_qtest_gated(glmrt_test_report *report, glmrt_test_rng *rng, co
     run.w = &grouped_h.m;
     run.rows = group_rows[0] + group_rows[1] + group_rows[2];
     for (int32_t tile_rows : {128, 32}) {
-        std::vector<glmrt_cuda_gemm_tile> tiles;
-        int32_t row_begin = 0;
-        for (int32_t g = 0; g < groups; ++g) {
-            for (int32_t t = 0; t < group_rows[g]; t += tile_rows) {
-                glmrt_cuda_gemm_tile tile;
-                tile.group = g;
-                tile.row_begin = row_begin + t;
-                tile.num_rows = std::min(tile_rows, group_rows[g] - t);
-                tile.reserved = 0;
-                tiles.push_back(tile);
-            }
-            row_begin += group_rows[g];
-        }
+        std::vector<glmrt_cuda_gemm_tile> tiles = glmrt_qtest_group_tiles(group_rows, groups, tile_rows);
         int32_t count = (int32_t)tiles.size();
         glmrt_cuda_gemm_tile *d_tiles = glmrt_test_upload(tiles);
         cudaMemcpy(d_count, &count, sizeof(count), cudaMemcpyHostToDevice);
