@@ -712,6 +712,7 @@ typedef struct glmrt_qtest_gated_run {
     int32_t grid_tiles;
     int32_t tile_rows;
     float *d_y;
+    const glmrt_cuda_qgemm_split *split;
 } glmrt_qtest_gated_run;
 
 static glmrt_status glmrt_qtest_gated_products(const glmrt_qtest_gated_run *r, int32_t gated,
@@ -733,7 +734,7 @@ static glmrt_status glmrt_qtest_gated_products(const glmrt_qtest_gated_run *r, i
     call.gated = gated;
     *took_gate = glmrt_cuda_qgemm_gates(&call);
     cudaMemset(r->d_y, 0xff, (size_t)r->rows * 2 * width * sizeof(float));
-    glmrt_status status = glmrt_cuda_qgemm_run(&call, nullptr, 0, error);
+    glmrt_status status = glmrt_cuda_qgemm_run(&call, r->split, 0, error);
     if (status == GLMRT_OK) {
         status = glmrt_qtest_quantize(r->d_y, 2 * (int64_t)width, nullptr,
                                       *took_gate ? GLMRT_ACTIVATION_COPY : GLMRT_ACTIVATION_SILU_MUL, r->rows, act,
@@ -875,6 +876,65 @@ static void glmrt_qtest_gated(glmrt_test_report *report, glmrt_test_rng *rng, co
     cudaFree(d_count);
 }
 
+static void glmrt_qtest_gated_folded(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
+{
+    const int32_t cols = 5120;
+    const int32_t width = 192;
+    const int32_t rows = 400;
+    std::vector<int32_t> parts = {width, width};
+    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
+    glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, rows, cols);
+    float *d_x = glmrt_test_upload(x.x);
+    float *d_y = glmrt_test_alloc<float>((size_t)rows * 2 * width);
+    glmrt_cuda_qgemm_split split;
+    split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(
+        GLMRT_QGEMM_MAX_SPLITS * glmrt_ceil_div(2 * width, GLMRT_QGEMM_WEIGHT_TILE_ROWS));
+    split.num_counters = glmrt_cuda_qgemm_split_counters(2 * width);
+    split.partials = glmrt_test_alloc<float>((size_t)split.partial_elements);
+    split.counters = glmrt_test_alloc<int32_t>((size_t)split.num_counters);
+    cudaMemset(split.counters, 0, (size_t)split.num_counters * sizeof(int32_t));
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = GLMRT_OK;
+    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_on(&h.m, GLMRT_QTEST_FEW_SMS, 1, &error, &status);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, rows, &error, &status);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, rows, &o->operand, &error);
+    }
+    glmrt_qtest_gated_run run;
+    memset(&run, 0, sizeof(run));
+    run.w = &h.m;
+    run.x = &o->operand;
+    run.d_y = d_y;
+    run.split = &split;
+    long differing = status == GLMRT_OK && q->splits > 1 ? 0 : 1;
+    for (int32_t dense_rows : {rows, 40}) {
+        run.rows = dense_rows;
+        differing += status == GLMRT_OK ? glmrt_qtest_gated_differs(&run, kind, dense_rows == rows, &status, &error) : 1;
+    }
+    char what[240];
+    snprintf(what, sizeof(what),
+             "qgemm %s gate-up split along K (%d splits): %d rows fold in the staged tile and gate in its epilogue, "
+             "40 rows sum split partials, both round to the two-pass path's operand bits",
+             tc->name, q != nullptr ? q->splits : 0, rows);
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (status != GLMRT_OK) {
+        printf("error: %s\n", error.message);
+    }
+    glmrt_qtest_operand_free(o);
+    free(q);
+    cudaFree(d_data);
+    cudaFree(d_scale);
+    cudaFree(d_x);
+    cudaFree(d_y);
+    cudaFree(split.partials);
+    cudaFree(split.counters);
+}
+
 int main(void)
 {
     glmrt_test_report report = {0, 0};
@@ -904,6 +964,7 @@ int main(void)
         glmrt_qtest_grouped(&report, &rng, &tc, 176);
         glmrt_qtest_grouped(&report, &rng, &tc, 320);
         glmrt_qtest_gated(&report, &rng, &tc);
+        glmrt_qtest_gated_folded(&report, &rng, &tc);
     }
     return glmrt_test_finish("test_cuda_qgemm", &report);
 }
