@@ -186,7 +186,7 @@ static bool glmrt_qgemm_plan_gates(const glmrt_cuda_qgemm_call *call, const glmr
 {
     const glmrt_cuda_matrix *w = call->w;
     return call->gated != 0 && plan->bn == GLMRT_QGEMM_MAX_TILE_ROWS && plan->consumers == 2 && !plan->split_units &&
-           call->accumulate == 0 && call->bias == nullptr &&
+           plan->fold == 0 && call->accumulate == 0 && call->bias == nullptr &&
            w->rows % (2 * GLMRT_QGEMM_WEIGHT_TILE_ROWS) == 0 && call->y_stride >= w->rows / 2 &&
            call->y_stride % 4 == 0 && ((uintptr_t)call->y & 15u) == 0;
 }
