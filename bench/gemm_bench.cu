@@ -22,6 +22,7 @@ typedef struct glmrt_bench_shape {
     int32_t cols;
     int32_t format;
     int32_t experts;
+    int32_t gate_up;
 } glmrt_bench_shape;
 
 typedef struct glmrt_bench_copy {
@@ -147,7 +148,7 @@ static glmrt_status glmrt_bench_launch(const glmrt_bench_context *c, const glmrt
         call.tile_rows = r->tile_rows;
         call.y = c->y;
         call.y_stride = r->shape->rows;
-        call.gated = c->gated && strstr(r->shape->name, "gate_up") != nullptr;
+        call.gated = c->gated && r->shape->gate_up;
         return glmrt_cuda_qgemm_run(&call, &c->split, c->stream, error);
     }
     if (grouped) {
@@ -446,17 +447,17 @@ int main(int argc, char **argv)
         }
     }
     const glmrt_bench_shape dense[] = {
-        {"qkv", 14336, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
-        {"o_proj", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0},
-        {"dense gate_up", 24576, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
-        {"dense down", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0},
-        {"shared gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 0},
-        {"shared down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 0},
-        {"lm_head bf16", 151552, 5120, GLMRT_CUDA_FORMAT_BF16, 0},
+        {"qkv", 14336, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 0},
+        {"o_proj", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0, 0},
+        {"dense gate_up", 24576, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 1},
+        {"dense down", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0, 0},
+        {"shared gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 1},
+        {"shared down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 0, 0},
+        {"lm_head bf16", 151552, 5120, GLMRT_CUDA_FORMAT_BF16, 0, 0},
     };
     const glmrt_bench_shape experts[] = {
-        {"experts gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 160},
-        {"experts down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 160},
+        {"experts gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 160, 1},
+        {"experts down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 160, 0},
     };
     glmrt_bench_context c;
     memset(&c, 0, sizeof(c));

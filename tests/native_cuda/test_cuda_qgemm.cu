@@ -370,6 +370,24 @@ static std::vector<float> glmrt_qtest_random_bias(glmrt_test_rng *rng, int32_t n
     return bias;
 }
 
+static glmrt_cuda_qgemm_split glmrt_qtest_split_new(int32_t n)
+{
+    glmrt_cuda_qgemm_split split;
+    split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(
+        GLMRT_QGEMM_MAX_SPLITS * glmrt_ceil_div(n, GLMRT_QGEMM_WEIGHT_TILE_ROWS));
+    split.num_counters = glmrt_cuda_qgemm_split_counters(n);
+    split.partials = glmrt_test_alloc<float>((size_t)split.partial_elements);
+    split.counters = glmrt_test_alloc<int32_t>((size_t)split.num_counters);
+    cudaMemset(split.counters, 0, (size_t)split.num_counters * sizeof(int32_t));
+    return split;
+}
+
+static void glmrt_qtest_split_free(glmrt_cuda_qgemm_split *split)
+{
+    cudaFree(split->partials);
+    cudaFree(split->counters);
+}
+
 static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
                               int32_t cols, int32_t allow_split)
 {
@@ -387,13 +405,7 @@ static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     float *d_bias = glmrt_test_upload(bias);
     float *d_y = glmrt_test_alloc<float>((size_t)m_rows * n);
     float *d_y_small = glmrt_test_alloc<float>((size_t)m_rows * n);
-    glmrt_cuda_qgemm_split split;
-    split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(
-        GLMRT_QGEMM_MAX_SPLITS * glmrt_ceil_div(n, GLMRT_QGEMM_WEIGHT_TILE_ROWS));
-    split.num_counters = glmrt_cuda_qgemm_split_counters(n);
-    split.partials = glmrt_test_alloc<float>((size_t)split.partial_elements);
-    split.counters = glmrt_test_alloc<int32_t>((size_t)split.num_counters);
-    cudaMemset(split.counters, 0, (size_t)split.num_counters * sizeof(int32_t));
+    glmrt_cuda_qgemm_split split = glmrt_qtest_split_new(n);
     glmrt_error error;
     glmrt_error_clear(&error);
     glmrt_status status = GLMRT_OK;
@@ -462,8 +474,7 @@ static void glmrt_qtest_dense(glmrt_test_report *report, glmrt_test_rng *rng, co
     cudaFree(d_bias);
     cudaFree(d_y);
     cudaFree(d_y_small);
-    cudaFree(split.partials);
-    cudaFree(split.counters);
+    glmrt_qtest_split_free(&split);
 }
 
 static long glmrt_qtest_differing_rows(const std::vector<float> &a, const std::vector<float> &b, int32_t rows,
@@ -793,23 +804,88 @@ static long glmrt_qtest_gated_differs(const glmrt_qtest_gated_run *r, int32_t ki
     return differing;
 }
 
-static void glmrt_qtest_gated(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
+static long glmrt_qtest_gated_dense_rows(glmrt_qtest_gated_run *run, int32_t kind, int32_t rows, int32_t gates_at_rows,
+                                         glmrt_status *status, glmrt_error *error)
+{
+    long differing = 0;
+    for (int32_t dense_rows : {rows, 40}) {
+        run->rows = dense_rows;
+        differing += *status == GLMRT_OK
+                         ? glmrt_qtest_gated_differs(run, kind, dense_rows == rows ? gates_at_rows : 0, status, error)
+                         : 1;
+    }
+    return differing;
+}
+
+static void glmrt_qtest_gated_dense(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
+                                    int32_t cols, int32_t allow_split)
+{
+    const int32_t width = 192;
+    const int32_t rows = 400;
+    std::vector<int32_t> parts = {width, width};
+    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
+    glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, rows, cols);
+    float *d_x = glmrt_test_upload(x.x);
+    float *d_y = glmrt_test_alloc<float>((size_t)rows * 2 * width);
+    glmrt_cuda_qgemm_split split = glmrt_qtest_split_new(2 * width);
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    glmrt_status status = GLMRT_OK;
+    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_on(&h.m, GLMRT_QTEST_FEW_SMS, allow_split, &error, &status);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, rows, &error, &status);
+    if (status == GLMRT_OK) {
+        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, rows, &o->operand, &error);
+    }
+    glmrt_qtest_gated_run run;
+    memset(&run, 0, sizeof(run));
+    run.w = &h.m;
+    run.x = &o->operand;
+    run.d_y = d_y;
+    run.split = &split;
+    long differing = status == GLMRT_OK && (allow_split == 0 || q->splits > 1) ? 0 : 1;
+    differing += glmrt_qtest_gated_dense_rows(&run, kind, rows, allow_split ? 0 : 1, &status, &error);
+    char what[240];
+    if (allow_split) {
+        snprintf(what, sizeof(what),
+                 "qgemm %s gate-up split along K (%d splits) keeps the two-pass path: %d rows folded in the staged "
+                 "tile and 40 rows of split partials round to the same operand bits",
+                 tc->name, q != nullptr ? q->splits : 0, rows);
+    } else {
+        snprintf(what, sizeof(what),
+                 "qgemm %s gate-up of %d rows with SiLU-times-up in the staged epilogue rounds to the same operand "
+                 "bits as the two-pass path (and 40 rows take the two-pass path)",
+                 tc->name, rows);
+    }
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (status != GLMRT_OK) {
+        printf("error: %s\n", error.message);
+    }
+    glmrt_qtest_operand_free(o);
+    free(q);
+    cudaFree(d_data);
+    cudaFree(d_scale);
+    cudaFree(d_x);
+    cudaFree(d_y);
+    glmrt_qtest_split_free(&split);
+}
+
+static void glmrt_qtest_gated_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
 {
     const int32_t cols = 608;
     const int32_t width = 192;
-    const int32_t rows = 400;
     const int32_t groups = 3;
     const int32_t group_rows[groups] = {45, 0, 150};
+    const int32_t rows = group_rows[0] + group_rows[1] + group_rows[2];
     std::vector<int32_t> parts = {width, width};
-    glmrt_host_matrix dense_h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
-    glmrt_host_matrix grouped_h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, groups, tc->block);
-    uint8_t *d_dense;
-    float *d_dense_scale;
-    uint8_t *d_grouped;
-    float *d_grouped_scale;
-    glmrt_device_matrix(&dense_h, &d_dense, &d_dense_scale);
-    glmrt_device_matrix(&grouped_h, &d_grouped, &d_grouped_scale);
-    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&dense_h.m);
+    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, groups, tc->block);
+    uint8_t *d_data;
+    float *d_scale;
+    glmrt_device_matrix(&h, &d_data, &d_scale);
+    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
     glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, rows, cols);
     float *d_x = glmrt_test_upload(x.x);
     float *d_y = glmrt_test_alloc<float>((size_t)rows * 2 * width);
@@ -817,33 +893,18 @@ static void glmrt_qtest_gated(glmrt_test_report *report, glmrt_test_rng *rng, co
     glmrt_error error;
     glmrt_error_clear(&error);
     glmrt_status status = GLMRT_OK;
-    glmrt_cuda_qgemm_weight *dense_q = glmrt_qtest_weight_on(&dense_h.m, GLMRT_QTEST_FEW_SMS, 0, &error, &status);
-    glmrt_cuda_qgemm_weight *grouped_q = glmrt_qtest_weight_new(&grouped_h.m, 0, &error, &status);
+    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_new(&h.m, 0, &error, &status);
     glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, rows, &error, &status);
     if (status == GLMRT_OK) {
         status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, rows, &o->operand, &error);
     }
     glmrt_qtest_gated_run run;
     memset(&run, 0, sizeof(run));
-    run.w = &dense_h.m;
+    run.w = &h.m;
     run.x = &o->operand;
     run.d_y = d_y;
+    run.rows = rows;
     long differing = 0;
-    for (int32_t dense_rows : {rows, 40}) {
-        run.rows = dense_rows;
-        const long d = status == GLMRT_OK ? glmrt_qtest_gated_differs(&run, kind, dense_rows == rows, &status, &error)
-                                          : 1;
-        differing += d;
-    }
-    char what[240];
-    snprintf(what, sizeof(what),
-             "qgemm %s gate-up of %d rows with SiLU-times-up in the staged epilogue rounds to the same operand bits "
-             "as the two-pass path (and 40 rows take the two-pass path)",
-             tc->name, rows);
-    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
-    differing = 0;
-    run.w = &grouped_h.m;
-    run.rows = group_rows[0] + group_rows[1] + group_rows[2];
     for (int32_t tile_rows : {128, 32}) {
         std::vector<glmrt_cuda_gemm_tile> tiles = glmrt_qtest_group_tiles(group_rows, groups, tile_rows);
         int32_t count = (int32_t)tiles.size();
@@ -856,71 +917,11 @@ static void glmrt_qtest_gated(glmrt_test_report *report, glmrt_test_rng *rng, co
         differing += status == GLMRT_OK ? glmrt_qtest_gated_differs(&run, kind, tile_rows == 128, &status, &error) : 1;
         cudaFree(d_tiles);
     }
+    char what[240];
     snprintf(what, sizeof(what),
              "qgemm %s grouped gate-up in 128-row tiles with SiLU-times-up in the epilogue rounds to the same operand "
              "bits as the two-pass path (32-row tiles take the two-pass path)",
              tc->name);
-    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
-    if (status != GLMRT_OK) {
-        printf("error: %s\n", error.message);
-    }
-    glmrt_qtest_operand_free(o);
-    free(dense_q);
-    free(grouped_q);
-    cudaFree(d_dense);
-    cudaFree(d_dense_scale);
-    cudaFree(d_grouped);
-    cudaFree(d_grouped_scale);
-    cudaFree(d_x);
-    cudaFree(d_y);
-    cudaFree(d_count);
-}
-
-static void glmrt_qtest_gated_folded(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc)
-{
-    const int32_t cols = 5120;
-    const int32_t width = 192;
-    const int32_t rows = 400;
-    std::vector<int32_t> parts = {width, width};
-    glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, 1, tc->block);
-    uint8_t *d_data;
-    float *d_scale;
-    glmrt_device_matrix(&h, &d_data, &d_scale);
-    const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
-    glmrt_qtest_rows x = glmrt_qtest_make_rows(rng, rows, cols);
-    float *d_x = glmrt_test_upload(x.x);
-    float *d_y = glmrt_test_alloc<float>((size_t)rows * 2 * width);
-    glmrt_cuda_qgemm_split split;
-    split.partial_elements = glmrt_cuda_qgemm_split_partial_elements(
-        GLMRT_QGEMM_MAX_SPLITS * glmrt_ceil_div(2 * width, GLMRT_QGEMM_WEIGHT_TILE_ROWS));
-    split.num_counters = glmrt_cuda_qgemm_split_counters(2 * width);
-    split.partials = glmrt_test_alloc<float>((size_t)split.partial_elements);
-    split.counters = glmrt_test_alloc<int32_t>((size_t)split.num_counters);
-    cudaMemset(split.counters, 0, (size_t)split.num_counters * sizeof(int32_t));
-    glmrt_error error;
-    glmrt_error_clear(&error);
-    glmrt_status status = GLMRT_OK;
-    glmrt_cuda_qgemm_weight *q = glmrt_qtest_weight_on(&h.m, GLMRT_QTEST_FEW_SMS, 1, &error, &status);
-    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, cols, rows, &error, &status);
-    if (status == GLMRT_OK) {
-        status = glmrt_qtest_quantize(d_x, cols, nullptr, GLMRT_ACTIVATION_COPY, rows, &o->operand, &error);
-    }
-    glmrt_qtest_gated_run run;
-    memset(&run, 0, sizeof(run));
-    run.w = &h.m;
-    run.x = &o->operand;
-    run.d_y = d_y;
-    run.split = &split;
-    long differing = status == GLMRT_OK && q->splits > 1 ? 0 : 1;
-    for (int32_t dense_rows : {rows, 40}) {
-        run.rows = dense_rows;
-        differing += status == GLMRT_OK ? glmrt_qtest_gated_differs(&run, kind, 0, &status, &error) : 1;
-    }
-    char what[240];
-    snprintf(what, sizeof(what),
-             "qgemm %s gate-up split along K (%d splits) keeps the two-pass path: %d rows folded in the staged tile "
-             "and 40 rows of split partials round to the same operand bits",
-             tc->name, q != nullptr ? q->splits : 0, rows);
     glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
     if (status != GLMRT_OK) {
         printf("error: %s\n", error.message);
@@ -931,8 +932,7 @@ static void glmrt_qtest_gated_folded(glmrt_test_report *report, glmrt_test_rng *
     cudaFree(d_scale);
     cudaFree(d_x);
     cudaFree(d_y);
-    cudaFree(split.partials);
-    cudaFree(split.counters);
+    cudaFree(d_count);
 }
 
 int main(void)
@@ -963,8 +963,9 @@ int main(void)
         glmrt_qtest_wide(&report, &rng, &tc);
         glmrt_qtest_grouped(&report, &rng, &tc, 176);
         glmrt_qtest_grouped(&report, &rng, &tc, 320);
-        glmrt_qtest_gated(&report, &rng, &tc);
-        glmrt_qtest_gated_folded(&report, &rng, &tc);
+        glmrt_qtest_gated_dense(&report, &rng, &tc, 608, 0);
+        glmrt_qtest_gated_grouped(&report, &rng, &tc);
+        glmrt_qtest_gated_dense(&report, &rng, &tc, 5120, 1);
     }
     return glmrt_test_finish("test_cuda_qgemm", &report);
 }

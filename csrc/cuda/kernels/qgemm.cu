@@ -162,7 +162,6 @@ static int32_t glmrt_qgemm_dense_tile_rows(int32_t num_rows, const glmrt_cuda_qg
 }
 
 typedef struct glmrt_qgemm_plan {
-    bool grouped;
     bool split_units;
     bool splits;
     int32_t bn;
@@ -172,11 +171,11 @@ typedef struct glmrt_qgemm_plan {
 
 static glmrt_qgemm_plan glmrt_qgemm_plan_for(const glmrt_cuda_qgemm_call *call, const glmrt_cuda_qgemm_weight *q)
 {
+    const bool grouped = call->tiles != nullptr;
     glmrt_qgemm_plan plan;
-    plan.grouped = call->tiles != nullptr;
-    plan.split_units = !plan.grouped && call->num_rows <= GLMRT_QGEMM_SPLIT_MAX_ROWS;
-    plan.bn = plan.grouped ? call->tile_rows : glmrt_qgemm_dense_tile_rows(call->num_rows, q);
-    plan.splits = !plan.grouped && glmrt_cuda_qgemm_weight_splits(q);
+    plan.split_units = !grouped && call->num_rows <= GLMRT_QGEMM_SPLIT_MAX_ROWS;
+    plan.bn = grouped ? call->tile_rows : glmrt_qgemm_dense_tile_rows(call->num_rows, q);
+    plan.splits = !grouped && glmrt_cuda_qgemm_weight_splits(q);
     plan.consumers = plan.bn >= GLMRT_QGEMM_MAX_TILE_ROWS ? 2 : 1;
     plan.fold = !plan.split_units && plan.splits ? 1 : 0;
     return plan;
@@ -185,9 +184,8 @@ static glmrt_qgemm_plan glmrt_qgemm_plan_for(const glmrt_cuda_qgemm_call *call, 
 static bool glmrt_qgemm_plan_gates(const glmrt_cuda_qgemm_call *call, const glmrt_qgemm_plan *plan)
 {
     const glmrt_cuda_matrix *w = call->w;
-    return call->gated != 0 && plan->bn == GLMRT_QGEMM_MAX_TILE_ROWS && plan->consumers == 2 && !plan->split_units &&
-           plan->fold == 0 && call->accumulate == 0 && call->bias == nullptr &&
-           w->rows % (2 * GLMRT_QGEMM_WEIGHT_TILE_ROWS) == 0 && call->y_stride >= w->rows / 2 &&
+    return call->gated != 0 && plan->consumers == 2 && plan->fold == 0 && call->accumulate == 0 &&
+           call->bias == nullptr && w->rows % (2 * GLMRT_QGEMM_WEIGHT_TILE_ROWS) == 0 && call->y_stride >= w->rows / 2 &&
            call->y_stride % 4 == 0 && ((uintptr_t)call->y & 15u) == 0;
 }
 
@@ -214,16 +212,15 @@ glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt
     const glmrt_qgemm_plan plan = glmrt_qgemm_plan_for(call, q);
     const bool split_units = plan.split_units;
     const int32_t bn = plan.bn;
+    const bool splits = plan.splits;
     if (bn != glmrt_cuda_qgemm_tile_rows(bn)) {
         return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
                                "grouped GEMM tiles of %d rows; the quantized GEMM takes 8 to %d in powers of two", bn,
                                GLMRT_QGEMM_MAX_TILE_ROWS);
     }
-    const bool splits = plan.splits;
-    const int32_t consumers = plan.consumers;
     const bool gated = glmrt_qgemm_plan_gates(call, &plan);
     const int32_t token_tiles = grouped ? call->grid_tiles : glmrt_ceil_div(call->num_rows, bn);
-    int32_t grid_limit = token_tiles * glmrt_ceil_div(q->weight_tiles, consumers);
+    int32_t grid_limit = token_tiles * glmrt_ceil_div(q->weight_tiles, plan.consumers);
     if (split_units) {
         grid_limit = q->weight_tiles * (splits ? q->splits : 1);
     }
@@ -255,20 +252,19 @@ glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt
     p.split_units = split_units ? 1 : 0;
     p.accumulate = call->accumulate;
     p.gated_rows = gated ? w->rows / 2 : 0;
-    const int32_t fold = plan.fold;
     int32_t width = 0;
     while ((GLMRT_QGEMM_ACTIVATION_BOX_ROWS << width) < bn) {
         ++width;
     }
     const CUtensorMap *x_map = &call->x->map[width];
-    const CUtensorMap *w_map = consumers == 2 && !gated ? &q->pair_map : &q->map;
+    const CUtensorMap *w_map = plan.consumers == 2 && !gated ? &q->pair_map : &q->map;
     if (q->kind == GLMRT_OPERAND_BF16) {
-        return glmrt_qgemm_launch_bf16(bn, fold, w_map, x_map, &p, grid_limit, q->num_sms, stream, error);
+        return glmrt_qgemm_launch_bf16(bn, plan.fold, w_map, x_map, &p, grid_limit, q->num_sms, stream, error);
     }
     if (w->scale_kind == GLMRT_CUDA_SCALE_CHANNEL) {
-        return glmrt_qgemm_launch_fp8_channel(bn, fold, w_map, x_map, &p, grid_limit, q->num_sms, stream,
+        return glmrt_qgemm_launch_fp8_channel(bn, plan.fold, w_map, x_map, &p, grid_limit, q->num_sms, stream,
                                               error);
     }
-    return glmrt_qgemm_launch_fp8_block(q->promote_steps, bn, fold, w_map, x_map, &p, grid_limit, q->num_sms,
+    return glmrt_qgemm_launch_fp8_block(q->promote_steps, bn, plan.fold, w_map, x_map, &p, grid_limit, q->num_sms,
                                         stream, error);
 }

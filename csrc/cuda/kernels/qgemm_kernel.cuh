@@ -601,6 +601,12 @@ __device__ __forceinline__ void glmrt_qgemm_unfold(const float *total, float *ac
     }
 }
 
+__device__ __forceinline__ int32_t glmrt_qgemm_first_fold(const glmrt_qgemm_params &p,
+                                                           const glmrt_qgemm_segment &segment)
+{
+    return (segment.k_begin / p.split_k_blocks + 1) * p.split_k_blocks;
+}
+
 template <typename SHAPE, int KIND, int SCALE, int PROMOTE, int FOLD>
 __device__ __forceinline__ bool glmrt_qgemm_mainloop_promoted(const glmrt_qgemm_params &p,
                                                               const glmrt_qgemm_segment &segment,
@@ -610,7 +616,7 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_promoted(const glmrt_qgemm_
     float part_a[SHAPE::acc];
     float part_b[SHAPE::two_partials ? SHAPE::acc : 1];
     bool first_range = true;
-    int32_t next_fold = (segment.k_begin / p.split_k_blocks + 1) * p.split_k_blocks;
+    int32_t next_fold = glmrt_qgemm_first_fold(p, segment);
     const int32_t groups = (segment.k_end - segment.k_begin) * SHAPE::promotions;
     auto issue_group = [&](float *part, int32_t g) {
         return glmrt_qgemm_issue_group<SHAPE, KIND, SCALE, PROMOTE>(
@@ -669,11 +675,13 @@ __device__ __forceinline__ bool glmrt_qgemm_mainloop_plain(const glmrt_qgemm_par
     static_assert(PROMOTE == GLMRT_QGEMM_K_STEPS, "without promotion a K block is one group of products");
     bool first_range = true;
     bool range_start = true;
+    int32_t next_fold = glmrt_qgemm_first_fold(p, segment);
     for (int32_t kb = segment.k_begin; kb < segment.k_end; ++kb) {
-        if (SHAPE::folds && kb > segment.k_begin && kb % p.split_k_blocks == 0) {
+        if (SHAPE::folds && kb == next_fold) {
             glmrt_qgemm_fold<SHAPE>(total, acc, first_range, lane);
             first_range = false;
             range_start = true;
+            next_fold += p.split_k_blocks;
         }
         glmrt_qgemm_issue_group<SHAPE, KIND, SCALE, PROMOTE>(acc, pipe, kb, 0, consumer, rows, !range_start);
         glmrt_wgmma_wait_all();
