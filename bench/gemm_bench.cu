@@ -23,6 +23,7 @@ typedef struct glmrt_bench_shape {
     int32_t format;
     int32_t experts;
     int32_t gate_up;
+    int32_t splits_columns;
 } glmrt_bench_shape;
 
 typedef struct glmrt_bench_copy {
@@ -119,6 +120,8 @@ typedef struct glmrt_bench_context {
     int32_t block_scales;
     int32_t gated;
     int32_t no_split;
+    int32_t gpus;
+    int32_t expert_tile_rows;
 } glmrt_bench_context;
 
 typedef struct glmrt_bench_run {
@@ -350,10 +353,12 @@ static int glmrt_bench_shape_run(glmrt_bench_context *c, const glmrt_bench_shape
             const char *kind = rows >= 1024 ? "prefill" : "decode";
             if (shape.experts > 0) {
                 const int32_t top_k = 8;
-                const int32_t assignments = rows * top_k;
-                r.tile_rows = glmrt_cuda_qgemm_tile_rows(assignments / shape.experts);
+                const int32_t tokens = std::max(1, rows / c->gpus);
+                const int32_t assignments = tokens * top_k;
+                r.tile_rows = c->expert_tile_rows > 0 ? c->expert_tile_rows
+                                                      : glmrt_cuda_qgemm_expert_tile_rows(assignments, shape.experts);
                 int64_t touched = 0;
-                int32_t count = glmrt_bench_route(c, rows, shape.experts, top_k, r.tile_rows, &touched);
+                int32_t count = glmrt_bench_route(c, tokens, shape.experts, top_k, r.tile_rows, &touched);
                 r.rows = assignments;
                 r.grid_tiles = count;
                 weight_bytes = matrix_bytes * touched;
@@ -389,6 +394,45 @@ static int glmrt_bench_parse_rows(const char *text, std::vector<int32_t> *rows)
         }
     }
     return !rows->empty();
+}
+
+static int glmrt_bench_parse_gpus(const char *text, int32_t *gpus)
+{
+    char *end = nullptr;
+    const long value = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || (value != 1 && value != 2 && value != 4)) {
+        return 0;
+    }
+    *gpus = (int32_t)value;
+    return 1;
+}
+
+static int glmrt_bench_parse_expert_tile(const char *text, int32_t *tile_rows)
+{
+    char *end = nullptr;
+    const long value = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || value < 1 || value > GLMRT_QGEMM_MAX_TILE_ROWS ||
+        glmrt_cuda_qgemm_tile_rows((int32_t)value) != value) {
+        return 0;
+    }
+    *tile_rows = (int32_t)value;
+    return 1;
+}
+
+static glmrt_bench_shape glmrt_bench_gpu_share(const glmrt_bench_shape &whole, int32_t gpus)
+{
+    glmrt_bench_shape share = whole;
+    if (gpus <= 1) {
+        return share;
+    }
+    if (whole.experts > 0) {
+        share.experts = whole.experts / gpus;
+    } else if (whole.splits_columns) {
+        share.cols = whole.cols / gpus;
+    } else {
+        share.rows = whole.rows / gpus;
+    }
+    return share;
 }
 
 static double glmrt_bench_copy_bandwidth(cudaStream_t stream)
@@ -429,6 +473,8 @@ int main(int argc, char **argv)
     int32_t block_scales = 1;
     int32_t gated = 0;
     int32_t no_split = 0;
+    int32_t gpus = 1;
+    int32_t expert_tile_rows = 0;
     const char *only = nullptr;
     std::vector<int32_t> chosen_rows;
     for (int i = 1; i < argc; ++i) {
@@ -445,25 +491,38 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
         }
+        if (strcmp(argv[i], "--expert-tile") == 0 && i + 1 < argc &&
+            !glmrt_bench_parse_expert_tile(argv[++i], &expert_tile_rows)) {
+            fprintf(stderr, "--expert-tile takes a token tile of 8 to %d rows in powers of two, got %s\n",
+                    GLMRT_QGEMM_MAX_TILE_ROWS, argv[i]);
+            return 1;
+        }
+        if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc && !glmrt_bench_parse_gpus(argv[++i], &gpus)) {
+            fprintf(stderr, "--gpus takes 1, 2 or 4 (the share of one GPU of a model split over that many), got %s\n",
+                    argv[i]);
+            return 1;
+        }
     }
     const glmrt_bench_shape dense[] = {
-        {"qkv", 14336, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 0},
-        {"o_proj", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0, 0},
-        {"dense gate_up", 24576, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 1},
-        {"dense down", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0, 0},
-        {"shared gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 1},
-        {"shared down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 0, 0},
-        {"lm_head bf16", 151552, 5120, GLMRT_CUDA_FORMAT_BF16, 0, 0},
+        {"qkv", 14336, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 0, 0},
+        {"o_proj", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0, 0, 1},
+        {"dense gate_up", 24576, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 1, 0},
+        {"dense down", 5120, 12288, GLMRT_CUDA_FORMAT_FP8, 0, 0, 1},
+        {"shared gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 0, 1, 0},
+        {"shared down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 0, 0, 1},
+        {"lm_head bf16", 151552, 5120, GLMRT_CUDA_FORMAT_BF16, 0, 0, 0},
     };
     const glmrt_bench_shape experts[] = {
-        {"experts gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 160, 1},
-        {"experts down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 160, 0},
+        {"experts gate_up", 3072, 5120, GLMRT_CUDA_FORMAT_FP8, 160, 1, 0},
+        {"experts down", 5120, 1536, GLMRT_CUDA_FORMAT_FP8, 160, 0, 0},
     };
     glmrt_bench_context c;
     memset(&c, 0, sizeof(c));
     c.block_scales = block_scales;
     c.gated = gated;
     c.no_split = no_split;
+    c.gpus = gpus;
+    c.expert_tile_rows = expert_tile_rows;
     int device = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&c.num_sms, cudaDevAttrMultiProcessorCount, device);
@@ -503,10 +562,11 @@ int main(int argc, char **argv)
     glmrt_error_clear(&error);
     const std::vector<int32_t> decode_rows = {1, 8, 16, 32, 64};
     const std::vector<int32_t> prefill_rows = {2048};
-    for (const glmrt_bench_shape &shape : dense) {
-        if (only != nullptr && strcmp(only, shape.name) != 0) {
+    for (const glmrt_bench_shape &whole : dense) {
+        if (only != nullptr && strcmp(only, whole.name) != 0) {
             continue;
         }
+        const glmrt_bench_shape shape = glmrt_bench_gpu_share(whole, gpus);
         const std::vector<int32_t> &dense_rows =
             !chosen_rows.empty() ? chosen_rows : (only != nullptr ? prefill_rows : decode_rows);
         if (!glmrt_bench_shape_run(&c, shape, dense_rows, with_high, &error)) {
@@ -518,10 +578,11 @@ int main(int argc, char **argv)
         }
     }
     const std::vector<int32_t> expert_tokens = {256, prefill_tokens};
-    for (const glmrt_bench_shape &shape : experts) {
-        if (only != nullptr && strcmp(only, shape.name) != 0) {
+    for (const glmrt_bench_shape &whole : experts) {
+        if (only != nullptr && strcmp(only, whole.name) != 0) {
             continue;
         }
+        const glmrt_bench_shape shape = glmrt_bench_gpu_share(whole, gpus);
         const std::vector<int32_t> prefill_experts = {prefill_tokens};
         const std::vector<int32_t> &tokens =
             !chosen_rows.empty() ? chosen_rows : (only != nullptr ? prefill_experts : expert_tokens);

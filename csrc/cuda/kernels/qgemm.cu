@@ -62,6 +62,13 @@ int32_t glmrt_cuda_qgemm_tile_rows(int32_t rows_per_group)
     return tile;
 }
 
+int32_t glmrt_cuda_qgemm_expert_tile_rows(int32_t assignments, int32_t num_experts)
+{
+    const int32_t active = assignments < num_experts ? assignments : num_experts;
+    const int32_t rows_per_expert = active > 0 ? assignments / active : 1;
+    return glmrt_cuda_qgemm_tile_rows(GLMRT_QGEMM_EXPERT_TILE_HEADROOM * rows_per_expert);
+}
+
 int64_t glmrt_cuda_qgemm_split_partial_elements(int32_t max_split_units)
 {
     return (int64_t)(max_split_units > 0 ? max_split_units : 1) * GLMRT_QGEMM_PARTIAL_TILE;

@@ -12,6 +12,7 @@
 #define GLMRT_QGEMM_TILE_WIDTHS 5
 #define GLMRT_QGEMM_MAX_TILE_ROWS 128
 #define GLMRT_QGEMM_SPLIT_MAX_ROWS 64
+#define GLMRT_QGEMM_EXPERT_TILE_HEADROOM 2
 #define GLMRT_QGEMM_MAX_SPLITS 4
 #define GLMRT_QGEMM_MIN_SPLIT_K_BLOCKS 4
 #define GLMRT_QGEMM_CTAS_PER_SM_TARGET 2
@@ -65,6 +66,7 @@ int glmrt_cuda_qgemm_matrix_supported(const glmrt_cuda_matrix *w);
 int32_t glmrt_cuda_qgemm_operand_kind(const glmrt_cuda_matrix *w);
 int32_t glmrt_cuda_qgemm_splits_for(int32_t weight_tiles, int32_t k_blocks, int32_t num_sms);
 int32_t glmrt_cuda_qgemm_tile_rows(int32_t rows_per_group);
+int32_t glmrt_cuda_qgemm_expert_tile_rows(int32_t assignments, int32_t num_experts);
 int64_t glmrt_cuda_qgemm_split_partial_elements(int32_t max_split_units);
 int32_t glmrt_cuda_qgemm_split_counters(int32_t max_split_n);
 int glmrt_cuda_qgemm_weight_splits(const glmrt_cuda_qgemm_weight *q);

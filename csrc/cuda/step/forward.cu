@@ -14,7 +14,6 @@
 #include "route_resident.cuh"
 #include "router.cuh"
 
-#define GLMRT_EXPERT_TILE_HEADROOM 2
 #define GLMRT_OWN_ROWS_MIN_TOKENS 256
 
 typedef struct glmrt_step_context {
@@ -418,10 +417,11 @@ static glmrt_status glmrt_layer_gated_mlp(glmrt_step_context *step, const glmrt_
 static int32_t glmrt_expert_tile_rows(const glmrt_cuda_dims *d, int32_t num_tokens, int32_t native)
 {
     int32_t assignments = num_tokens * d->top_k;
+    if (native) {
+        return glmrt_cuda_qgemm_expert_tile_rows(assignments, d->num_experts);
+    }
     int32_t active = assignments < d->num_experts ? assignments : d->num_experts;
-    int32_t rows_per_expert = active > 0 ? assignments / active : 1;
-    return native ? glmrt_cuda_qgemm_tile_rows(GLMRT_EXPERT_TILE_HEADROOM * rows_per_expert)
-                  : glmrt_cuda_gemm_tile_rows(rows_per_expert);
+    return glmrt_cuda_gemm_tile_rows(active > 0 ? assignments / active : 1);
 }
 
 static glmrt_status glmrt_layer_experts_rounded(glmrt_step_context *step, const glmrt_cuda_layer *layer,
