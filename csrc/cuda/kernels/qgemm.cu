@@ -191,7 +191,7 @@ static glmrt_qgemm_plan glmrt_qgemm_plan_for(const glmrt_cuda_qgemm_call *call, 
 static bool glmrt_qgemm_plan_gates(const glmrt_cuda_qgemm_call *call, const glmrt_qgemm_plan *plan)
 {
     const glmrt_cuda_matrix *w = call->w;
-    return call->gated != 0 && plan->consumers == 2 && plan->fold == 0 && call->accumulate == 0 &&
+    return call->gated != 0 && plan->consumers == 2 && call->accumulate == 0 &&
            call->bias == nullptr && w->rows % (2 * GLMRT_QGEMM_WEIGHT_TILE_ROWS) == 0 && call->y_stride >= w->rows / 2 &&
            call->y_stride % 4 == 0 && ((uintptr_t)call->y & 15u) == 0;
 }
