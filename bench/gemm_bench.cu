@@ -396,11 +396,17 @@ static int glmrt_bench_parse_rows(const char *text, std::vector<int32_t> *rows)
     return !rows->empty();
 }
 
-static int glmrt_bench_parse_gpus(const char *text, int32_t *gpus)
+static int glmrt_bench_parse_whole(const char *text, long *value)
 {
     char *end = nullptr;
-    const long value = strtol(text, &end, 10);
-    if (end == text || *end != '\0' || (value != 1 && value != 2 && value != 4)) {
+    *value = strtol(text, &end, 10);
+    return end != text && *end == '\0';
+}
+
+static int glmrt_bench_parse_gpus(const char *text, int32_t *gpus)
+{
+    long value = 0;
+    if (!glmrt_bench_parse_whole(text, &value) || (value != 1 && value != 2 && value != 4)) {
         return 0;
     }
     *gpus = (int32_t)value;
@@ -409,9 +415,8 @@ static int glmrt_bench_parse_gpus(const char *text, int32_t *gpus)
 
 static int glmrt_bench_parse_expert_tile(const char *text, int32_t *tile_rows)
 {
-    char *end = nullptr;
-    const long value = strtol(text, &end, 10);
-    if (end == text || *end != '\0' || value < 1 || value > GLMRT_QGEMM_MAX_TILE_ROWS ||
+    long value = 0;
+    if (!glmrt_bench_parse_whole(text, &value) || value < 1 || value > GLMRT_QGEMM_MAX_TILE_ROWS ||
         glmrt_cuda_qgemm_tile_rows((int32_t)value) != value) {
         return 0;
     }

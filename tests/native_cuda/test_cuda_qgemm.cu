@@ -73,6 +73,15 @@ static glmrt_qtest_operand *glmrt_qtest_operand_new(int32_t kind, int32_t cols, 
     return o;
 }
 
+static void glmrt_qtest_expect_none(glmrt_test_report *report, const char *what, long differing, glmrt_status status,
+                                    const glmrt_error *error)
+{
+    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
+    if (status != GLMRT_OK) {
+        printf("error: %s\n", error->message);
+    }
+}
+
 static void glmrt_qtest_operand_free(glmrt_qtest_operand *o)
 {
     if (o != nullptr) {
@@ -562,10 +571,7 @@ static void glmrt_qtest_wide(glmrt_test_report *report, glmrt_test_rng *rng, con
         }
     }
     snprintf(what, sizeof(what), "qgemm %s 300 rows in 128-row tiles accumulate into their output", tc->name);
-    glmrt_test_expect(report, status == GLMRT_OK && wrong_sums == 0, what, (double)wrong_sums, 0);
-    if (status != GLMRT_OK) {
-        printf("error: %s\n", error.message);
-    }
+    glmrt_qtest_expect_none(report, what, wrong_sums, status, &error);
     glmrt_qtest_operand_free(o);
     free(q);
     cudaFree(d_data);
@@ -699,10 +705,7 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
     snprintf(what, sizeof(what),
              "qgemm %s grouped tiles of 8, 32 and 128 rows over %d weight rows equal per-expert matmuls bitwise",
              tc->name, rows);
-    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
-    if (status != GLMRT_OK) {
-        printf("error: %s\n", error.message);
-    }
+    glmrt_qtest_expect_none(report, what, differing, status, &error);
     glmrt_qtest_operand_free(o);
     free(q);
     cudaFree(d_data);
@@ -861,10 +864,7 @@ static void glmrt_qtest_gated_dense(glmrt_test_report *report, glmrt_test_rng *r
                  "bits as the two-pass path (and 40 rows take the two-pass path)",
                  tc->name, rows);
     }
-    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
-    if (status != GLMRT_OK) {
-        printf("error: %s\n", error.message);
-    }
+    glmrt_qtest_expect_none(report, what, differing, status, &error);
     glmrt_qtest_operand_free(o);
     free(q);
     cudaFree(d_data);
@@ -923,10 +923,7 @@ static void glmrt_qtest_gated_grouped(glmrt_test_report *report, glmrt_test_rng 
              "qgemm %s grouped gate-up in 128-row tiles with SiLU-times-up in the epilogue rounds to the same operand "
              "bits as the two-pass path (32-row tiles take the two-pass path)",
              tc->name);
-    glmrt_test_expect(report, status == GLMRT_OK && differing == 0, what, (double)differing, 0);
-    if (status != GLMRT_OK) {
-        printf("error: %s\n", error.message);
-    }
+    glmrt_qtest_expect_none(report, what, differing, status, &error);
     glmrt_qtest_operand_free(o);
     free(q);
     cudaFree(d_data);

@@ -84,6 +84,17 @@ __device__ __forceinline__ int32_t glmrt_qgemm_fragment_row(int i)
     return (i & 2) ? 8 : 0;
 }
 
+__device__ __forceinline__ float *glmrt_qgemm_staged_slots(float *out_tile, int consumer, int warp, int lane)
+{
+    return out_tile + consumer * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
+}
+
+template <typename SHAPE>
+__device__ __forceinline__ int32_t glmrt_qgemm_staged_slot(int i, int lane)
+{
+    return glmrt_qgemm_fragment_token(i, lane) * SHAPE::out_stride + glmrt_qgemm_fragment_row(i);
+}
+
 typedef struct glmrt_qgemm_segment {
     int32_t tile;
     int32_t token_tile;
@@ -343,9 +354,8 @@ __device__ __forceinline__ void glmrt_qgemm_stage_result(const glmrt_qgemm_param
                                                          int32_t count, int32_t row0, int consumer, int local)
 {
     typedef glmrt_qgemm_shape<KIND, SCALE, PROMOTE, BN, FOLD> shape;
-    const int warp = local / 32;
     const int lane = local % 32;
-    const int32_t local_row = consumer * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4;
+    float *slots = glmrt_qgemm_staged_slots(out_tile, consumer, local / 32, lane);
     const glmrt_qgemm_row_terms terms = glmrt_qgemm_load_row_terms<SCALE>(p, group, row0);
     float row_scale[shape::acc / 2];
 #pragma unroll
@@ -357,7 +367,7 @@ __device__ __forceinline__ void glmrt_qgemm_stage_result(const glmrt_qgemm_param
     for (int i = 0; i < shape::acc; ++i) {
         const int half = glmrt_qgemm_fragment_row(i) ? 1 : 0;
         const float value = glmrt_qgemm_output_value<SCALE>(p, result[i], terms, half, row_scale[(i >> 2) * 2 + (i & 1)]);
-        out_tile[glmrt_qgemm_fragment_token(i, lane) * shape::out_stride + local_row + half * 8] = value;
+        slots[glmrt_qgemm_staged_slot<shape>(i, lane)] = value;
     }
 }
 
@@ -575,7 +585,7 @@ template <typename SHAPE>
 __device__ __forceinline__ int32_t glmrt_qgemm_fold_slot(int i, int lane)
 {
     if constexpr (SHAPE::staged) {
-        return glmrt_qgemm_fragment_token(i, lane) * SHAPE::out_stride + glmrt_qgemm_fragment_row(i);
+        return glmrt_qgemm_staged_slot<SHAPE>(i, lane);
     } else {
         return i * SHAPE::consumer_threads;
     }
@@ -701,7 +711,7 @@ __device__ __forceinline__ void glmrt_qgemm_consume(const glmrt_qgemm_params &p,
     const int warp = local / 32;
     const int lane = local % 32;
     float acc[shape::acc];
-    float *total = shape::staged ? out_tile + consumer * GLMRT_QGEMM_WEIGHT_TILE_ROWS + warp * 16 + lane / 4
+    float *total = shape::staged ? glmrt_qgemm_staged_slots(out_tile, consumer, warp, lane)
                                  : fold_totals + threadIdx.x;
     glmrt_qgemm_walk walk = glmrt_qgemm_walk_begin(p, units, shape::consumers);
     glmrt_qgemm_segment segment;
