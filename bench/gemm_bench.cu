@@ -475,7 +475,7 @@ static double glmrt_bench_copy_bandwidth(cudaStream_t stream)
 int main(int argc, char **argv)
 {
     int32_t with_high = 0;
-    int32_t block_scales = 1;
+    int32_t block_scales = 0;
     int32_t gated = 0;
     int32_t no_split = 0;
     int32_t gpus = 1;
@@ -488,9 +488,7 @@ int main(int argc, char **argv)
             return 1;
         }
         with_high |= strcmp(argv[i], "--with-high") == 0;
-        if (strcmp(argv[i], "--channel-scales") == 0) {
-            block_scales = 0;
-        }
+        block_scales |= strcmp(argv[i], "--block-scales") == 0;
         gated |= strcmp(argv[i], "--gated") == 0;
         no_split |= strcmp(argv[i], "--no-split") == 0;
         if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {

@@ -19,8 +19,9 @@ def parse_args(argv):
     parser.add_argument("--binary", default=str(REPO_ROOT / "build" / "gemm_bench"),
                         help="the program build_cuda.sh builds from bench/gemm_bench.cu")
     parser.add_argument("--no-high", action="store_true", help="time only the native matmuls")
-    parser.add_argument("--channel-scales", action="store_true",
-                        help="FP8 weights with one scale a row instead of the checkpoint's 128x128 blocks")
+    parser.add_argument("--block-scales", action="store_true",
+                        help="FP8 weights with 128x128 block scales (DeepSeek-style checkpoints) instead of GLM-4.7-FP8's "
+                             "one scale an output row")
     parser.add_argument("--gpus", type=int, choices=(1, 2, 4), default=1,
                         help="time one GPU's share of each matrix when the model is split over this many GPUs")
     parser.add_argument("--json", help="write every measurement to this file")
@@ -91,8 +92,8 @@ def fp8_sustained_rate(torch, seconds=SUSTAINED_SECONDS, batch=SUSTAINED_BATCH):
     return 2.0 * FP8_CUBE ** 3 * count / (start.elapsed_time(stop) * 1e-3)
 
 
-def run_binary(path, with_high, channel_scales, gpus):
-    command = [path] + (["--with-high"] if with_high else []) + (["--channel-scales"] if channel_scales else [])
+def run_binary(path, with_high, block_scales, gpus):
+    command = [path] + (["--with-high"] if with_high else []) + (["--block-scales"] if block_scales else [])
     command += ["--gpus", str(gpus)]
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
@@ -133,7 +134,7 @@ def main(argv):
     bandwidth = copy_bandwidth(torch)
     fp8_rate = fp8_dense_rate(torch)
     torch.cuda.empty_cache()
-    records, failure = run_binary(args.binary, not args.no_high, args.channel_scales, args.gpus)
+    records, failure = run_binary(args.binary, not args.no_high, args.block_scales, args.gpus)
     device = next((r for r in records if r.get("kind") == "device"), {})
     print(f"device: {torch.cuda.get_device_name()}, {device.get('num_sms', 0)} SMs, FP8 weight scales: "
           f"{device.get('scales', 'unknown')}")

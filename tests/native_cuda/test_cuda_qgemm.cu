@@ -601,11 +601,13 @@ static std::vector<glmrt_cuda_gemm_tile> glmrt_qtest_group_tiles(const int32_t *
     return tiles;
 }
 
+#define GLMRT_QTEST_GROUPS 3
+
 static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_qtest_case *tc,
-                                int32_t rows)
+                                int32_t rows, const int32_t (&group_rows)[GLMRT_QTEST_GROUPS])
 {
     const int32_t cols = 608;
-    const int32_t groups = 3;
+    const int32_t groups = GLMRT_QTEST_GROUPS;
     std::vector<int32_t> parts = {rows};
     glmrt_host_matrix h = glmrt_make_matrix(rng, tc->format, tc->scale_kind, parts, cols, groups, tc->block);
     uint8_t *d_data;
@@ -613,8 +615,7 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
     glmrt_device_matrix(&h, &d_data, &d_scale);
     const int32_t n = h.m.rows;
     const int32_t kind = glmrt_cuda_qgemm_operand_kind(&h.m);
-    const int32_t group_rows[groups] = {45, 0, 150};
-    const int32_t assignments = 195;
+    const int32_t assignments = group_rows[0] + group_rows[1] + group_rows[2];
     glmrt_qtest_rows tokens = glmrt_qtest_make_rows(rng, 70, cols);
     std::vector<int32_t> gather;
     for (int32_t a = 0; a < assignments; ++a) {
@@ -675,7 +676,9 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
         row_begin += group_rows[g];
     }
     char what[200];
-    snprintf(what, sizeof(what), "qgemm %s per-expert matmuls of %d rows match a float64 reference", tc->name, rows);
+    snprintf(what, sizeof(what),
+             "qgemm %s per-expert matmuls of %d rows (experts of %d, %d and %d tokens) match a float64 reference",
+             tc->name, rows, group_rows[0], group_rows[1], group_rows[2]);
     glmrt_test_expect(report, status == GLMRT_OK && worst < GLMRT_QTEST_BOUND, what, worst, GLMRT_QTEST_BOUND);
     long differing = 0;
     for (int32_t tile_rows : {8, 32, 128}) {
@@ -703,8 +706,9 @@ static void glmrt_qtest_grouped(glmrt_test_report *report, glmrt_test_rng *rng, 
         cudaFree(d_tiles);
     }
     snprintf(what, sizeof(what),
-             "qgemm %s grouped tiles of 8, 32 and 128 rows over %d weight rows equal per-expert matmuls bitwise",
-             tc->name, rows);
+             "qgemm %s grouped tiles of 8, 32 and 128 rows over %d weight rows (experts of %d, %d and %d tokens) equal "
+             "per-expert matmuls bitwise",
+             tc->name, rows, group_rows[0], group_rows[1], group_rows[2]);
     glmrt_qtest_expect_none(report, what, differing, status, &error);
     glmrt_qtest_operand_free(o);
     free(q);
@@ -959,8 +963,10 @@ int main(void)
         glmrt_qtest_dense(&report, &rng, &tc, 608, 1);
         glmrt_qtest_dense(&report, &rng, &tc, 5120, 1);
         glmrt_qtest_wide(&report, &rng, &tc);
-        glmrt_qtest_grouped(&report, &rng, &tc, 176);
-        glmrt_qtest_grouped(&report, &rng, &tc, 320);
+        glmrt_qtest_grouped(&report, &rng, &tc, 176, {45, 0, 150});
+        glmrt_qtest_grouped(&report, &rng, &tc, 320, {45, 0, 150});
+        glmrt_qtest_grouped(&report, &rng, &tc, 320, {100, 7, 121});
+        glmrt_qtest_grouped(&report, &rng, &tc, 176, {77, 90, 64});
         glmrt_qtest_gated_dense(&report, &rng, &tc, 608, 0);
         glmrt_qtest_gated_grouped(&report, &rng, &tc);
         glmrt_qtest_gated_dense(&report, &rng, &tc, 5120, 1);
