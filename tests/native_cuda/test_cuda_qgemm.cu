@@ -882,7 +882,7 @@ static void glmrt_qtest_gated_grouped(glmrt_test_report *report, glmrt_test_rng 
 {
     const int32_t cols = 608;
     const int32_t width = 192;
-    const int32_t groups = 3;
+    const int32_t groups = GLMRT_QTEST_GROUPS;
     const int32_t group_rows[groups] = {45, 0, 150};
     const int32_t rows = group_rows[0] + group_rows[1] + group_rows[2];
     std::vector<int32_t> parts = {width, width};
