@@ -261,6 +261,49 @@ static long glmrt_qtest_gather_rounded(int32_t kind, const float *d_act, int32_t
     return *status == GLMRT_OK ? mismatches : 1;
 }
 
+static long glmrt_qtest_counted_rows(int32_t kind, const float *d_gate_up, int32_t rows, int32_t counted,
+                                     int32_t width, const std::vector<uint8_t> &expected,
+                                     const std::vector<float> &expected_scales, glmrt_status *status, glmrt_error *error)
+{
+    const size_t row_bytes = (size_t)width * glmrt_operand_bytes(kind);
+    glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, width, rows, error, status);
+    int32_t *d_count = glmrt_test_upload(std::vector<int32_t>{counted});
+    if (*status == GLMRT_OK && (cudaMemset(o->data, 0xA5, (size_t)rows * row_bytes) != cudaSuccess ||
+                                cudaMemset(o->scales, 0xA5, (size_t)rows * sizeof(float)) != cudaSuccess)) {
+        *status = GLMRT_ERR_BACKEND;
+    }
+    if (*status == GLMRT_OK) {
+        glmrt_cuda_activation_args args;
+        args.x = d_gate_up;
+        args.x_stride = 2 * (int64_t)width;
+        args.x_rows = nullptr;
+        args.op = GLMRT_ACTIVATION_SILU_MUL;
+        args.num_rows = rows;
+        args.device_rows = d_count;
+        args.out = &o->operand;
+        *status = glmrt_cuda_activation_quantize(&args, 0, error);
+    }
+    long mismatches = 0;
+    if (*status == GLMRT_OK) {
+        std::vector<uint8_t> q = glmrt_test_download(o->data, (size_t)rows * row_bytes);
+        std::vector<float> s = glmrt_test_download(o->scales, (size_t)rows);
+        mismatches += memcmp(q.data(), expected.data(), (size_t)counted * row_bytes) != 0;
+        for (size_t i = (size_t)counted * row_bytes; i < q.size(); ++i) {
+            mismatches += q[i] != 0xA5;
+        }
+        if (kind == GLMRT_OPERAND_FP8) {
+            mismatches += memcmp(s.data(), expected_scales.data(), (size_t)counted * sizeof(float)) != 0;
+        }
+        uint32_t untouched_bits = 0xA5A5A5A5u;
+        for (int32_t r = counted; r < rows; ++r) {
+            mismatches += memcmp(&s[(size_t)r], &untouched_bits, sizeof(float)) != 0;
+        }
+    }
+    cudaFree(d_count);
+    glmrt_qtest_operand_free(o);
+    return *status == GLMRT_OK ? mismatches : 1;
+}
+
 static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *rng, int32_t rows, int32_t gathered,
                                     int32_t width)
 {
@@ -295,6 +338,15 @@ static void glmrt_qtest_activations(glmrt_test_report *report, glmrt_test_rng *r
         std::vector<uint8_t> q = glmrt_test_download(o->data, (size_t)rows * width * glmrt_operand_bytes(kind));
         std::vector<float> s = glmrt_test_download(o->scales, (size_t)rows);
         mismatches += glmrt_qtest_check_quantized(kind, act_rows, identity, q, s, width);
+        const int32_t counted = rows / 3 + 1;
+        const long counted_mismatches = glmrt_qtest_counted_rows(kind, d_gate_up, rows, counted, width, q, s, &status,
+                                                                 &error);
+        char counted_what[200];
+        snprintf(counted_what, sizeof(counted_what),
+                 "%s SiLU-mul rounding of %d rows counted on the device out of %d writes those rows alone, the same bits",
+                 kind == GLMRT_OPERAND_FP8 ? "per-token E4M3" : "BF16", counted, rows);
+        glmrt_test_expect(report, status == GLMRT_OK && counted_mismatches == 0, counted_what,
+                          (double)counted_mismatches, 0);
         if (status == GLMRT_OK) {
             status = glmrt_qtest_quantize(d_act, width, d_gather, GLMRT_ACTIVATION_COPY, (int32_t)gather.size(),
                                           &o->operand, &error);

@@ -8,10 +8,10 @@
 #define GLMRT_QUANTIZE_THREADS 512
 #define GLMRT_QUANTIZE_CACHED 6
 #define GLMRT_QUANTIZE_BLOCKS_PER_SM 2
-#define GLMRT_ACTIVATION_BLOCKS_PER_SM 4
-#define GLMRT_ROW_WARPS 8
-#define GLMRT_ROW_VECTORS 12
-#define GLMRT_ROW_COLS (32 * 4 * GLMRT_ROW_VECTORS)
+#define GLMRT_ROW_BLOCKS_PER_SM 8
+#define GLMRT_ROW_THREADS 128
+#define GLMRT_ROW_VECTORS 3
+#define GLMRT_ROW_COLS (GLMRT_ROW_THREADS * 4 * GLMRT_ROW_VECTORS)
 #define GLMRT_CLUSTER_BLOCKS 8
 #define GLMRT_CLUSTER_VECTORS 4
 #define GLMRT_CLUSTER_BLOCK_COLS (GLMRT_ACTIVATION_THREADS * 4 * GLMRT_CLUSTER_VECTORS)
@@ -97,29 +97,31 @@ __global__ void __launch_bounds__(GLMRT_QUANTIZE_THREADS, GLMRT_QUANTIZE_BLOCKS_
 }
 
 template <int OP, int KIND>
-__global__ void __launch_bounds__(GLMRT_ROW_WARPS * 32, GLMRT_ACTIVATION_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(GLMRT_ROW_THREADS, GLMRT_ROW_BLOCKS_PER_SM)
     glmrt_activation_rows_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
                                  const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
 {
     glmrt_dependent_enter();
-    const int32_t r = (int32_t)blockIdx.x * GLMRT_ROW_WARPS + (int32_t)(threadIdx.x >> 5);
+    __shared__ float warp_max[GLMRT_ROW_THREADS / 32];
+    const int32_t r = (int32_t)blockIdx.x;
     const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
     if (row == nullptr) {
         return;
     }
-    const int lane = (int)(threadIdx.x & 31);
+    const int32_t first = (int32_t)threadIdx.x * 4;
     float4 cached[GLMRT_ROW_VECTORS];
-    const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, cols, lane * 4, 32 * 4);
+    const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, cols, first,
+                                                                    GLMRT_ROW_THREADS * 4);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
-        scale = glmrt_activation_scale(glmrt_warp_max(amax));
-        if (lane == 0) {
+        scale = glmrt_activation_scale(glmrt_activation_block_max(amax, warp_max));
+        if (threadIdx.x == 0) {
             out_scales[r] = scale;
         }
     }
 #pragma unroll
     for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
-        const int32_t c = (lane + 32 * k) * 4;
+        const int32_t c = first + k * GLMRT_ROW_THREADS * 4;
         if (c < cols) {
             glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
         }
@@ -180,8 +182,8 @@ static glmrt_status glmrt_activation_launch_rows(const glmrt_cuda_activation_arg
         o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_rows_kernel<OP, GLMRT_OPERAND_FP8>
                                      : glmrt_activation_rows_kernel<OP, GLMRT_OPERAND_BF16>;
     glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config = glmrt_dependent_config(
-        &dependent, (unsigned)glmrt_ceil_div(a->num_rows, GLMRT_ROW_WARPS), GLMRT_ROW_WARPS * 32, 0, stream);
+    const cudaLaunchConfig_t *config =
+        glmrt_dependent_config(&dependent, (unsigned)a->num_rows, GLMRT_ROW_THREADS, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
                                              o->data, o->scales, o->cols));
     return GLMRT_OK;
