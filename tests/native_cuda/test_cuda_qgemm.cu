@@ -268,9 +268,12 @@ static long glmrt_qtest_counted_rows(int32_t kind, const float *d_gate_up, int32
     const size_t row_bytes = (size_t)width * glmrt_operand_bytes(kind);
     glmrt_qtest_operand *o = glmrt_qtest_operand_new(kind, width, rows, error, status);
     int32_t *d_count = glmrt_test_upload(std::vector<int32_t>{counted});
+    if (*status == GLMRT_OK && d_count == nullptr) {
+        *status = glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY, "cannot upload the device row count");
+    }
     if (*status == GLMRT_OK && (cudaMemset(o->data, 0xA5, (size_t)rows * row_bytes) != cudaSuccess ||
                                 cudaMemset(o->scales, 0xA5, (size_t)rows * sizeof(float)) != cudaSuccess)) {
-        *status = GLMRT_ERR_BACKEND;
+        *status = glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot fill the rounded rows before the counted rounding");
     }
     if (*status == GLMRT_OK) {
         glmrt_cuda_activation_args args;
@@ -294,8 +297,8 @@ static long glmrt_qtest_counted_rows(int32_t kind, const float *d_gate_up, int32
         if (kind == GLMRT_OPERAND_FP8) {
             mismatches += memcmp(s.data(), expected_scales.data(), (size_t)counted * sizeof(float)) != 0;
         }
-        uint32_t untouched_bits = 0xA5A5A5A5u;
-        for (int32_t r = counted; r < rows; ++r) {
+        const uint32_t untouched_bits = 0xA5A5A5A5u;
+        for (int32_t r = kind == GLMRT_OPERAND_FP8 ? counted : 0; r < rows; ++r) {
             mismatches += memcmp(&s[(size_t)r], &untouched_bits, sizeof(float)) != 0;
         }
     }
@@ -1004,6 +1007,7 @@ int main(void)
     glmrt_qtest_activations(&report, &rng, 1, 3, 12288);
     glmrt_qtest_activations(&report, &rng, 8, 5, 1536);
     glmrt_qtest_activations(&report, &rng, 2, 2, 10256);
+    glmrt_qtest_activations(&report, &rng, 300, 300, 1536);
     const glmrt_qtest_case cases[] = {
         {"bf16", GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, 0},
         {"fp8 per-channel", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, 0},
