@@ -112,8 +112,9 @@ static glmrt_cuda_qgemm_weight *glmrt_qtest_weight_new(glmrt_cuda_matrix *m, int
     return glmrt_qtest_weight_on(m, GLMRT_QTEST_SMS, allow_split, error, status);
 }
 
-static glmrt_status glmrt_qtest_quantize(const float *d_x, int64_t stride, const int32_t *d_rows, int32_t op,
-                                         int32_t rows, const glmrt_cuda_qgemm_operand *out, glmrt_error *error)
+static glmrt_status glmrt_qtest_quantize_counted(const float *d_x, int64_t stride, const int32_t *d_rows, int32_t op,
+                                                 int32_t rows, const int32_t *d_counted,
+                                                 const glmrt_cuda_qgemm_operand *out, glmrt_error *error)
 {
     glmrt_cuda_activation_args args;
     args.x = d_x;
@@ -121,9 +122,15 @@ static glmrt_status glmrt_qtest_quantize(const float *d_x, int64_t stride, const
     args.x_rows = d_rows;
     args.op = op;
     args.num_rows = rows;
-    args.device_rows = nullptr;
+    args.device_rows = d_counted;
     args.out = out;
     return glmrt_cuda_activation_quantize(&args, 0, error);
+}
+
+static glmrt_status glmrt_qtest_quantize(const float *d_x, int64_t stride, const int32_t *d_rows, int32_t op,
+                                         int32_t rows, const glmrt_cuda_qgemm_operand *out, glmrt_error *error)
+{
+    return glmrt_qtest_quantize_counted(d_x, stride, d_rows, op, rows, nullptr, out, error);
 }
 
 static glmrt_status glmrt_qtest_run(const glmrt_cuda_matrix *m, const glmrt_cuda_qgemm_operand *x, int32_t rows,
@@ -276,15 +283,8 @@ static long glmrt_qtest_counted_rows(int32_t kind, const float *d_gate_up, int32
         *status = glmrt_error_set(error, GLMRT_ERR_BACKEND, "cannot fill the rounded rows before the counted rounding");
     }
     if (*status == GLMRT_OK) {
-        glmrt_cuda_activation_args args;
-        args.x = d_gate_up;
-        args.x_stride = 2 * (int64_t)width;
-        args.x_rows = nullptr;
-        args.op = GLMRT_ACTIVATION_SILU_MUL;
-        args.num_rows = rows;
-        args.device_rows = d_count;
-        args.out = &o->operand;
-        *status = glmrt_cuda_activation_quantize(&args, 0, error);
+        *status = glmrt_qtest_quantize_counted(d_gate_up, 2 * (int64_t)width, nullptr, GLMRT_ACTIVATION_SILU_MUL, rows,
+                                               d_count, &o->operand, error);
     }
     long mismatches = 0;
     if (*status == GLMRT_OK) {

@@ -53,78 +53,46 @@ __device__ __forceinline__ const float *glmrt_activation_row(const float *x, int
     return x + source * x_stride;
 }
 
-template <int OP, int KIND>
-__global__ void __launch_bounds__(GLMRT_QUANTIZE_THREADS, GLMRT_QUANTIZE_BLOCKS_PER_SM)
+template <int OP, int KIND, int THREADS, int CACHED, int BLOCKS_PER_SM>
+__global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     glmrt_activation_quantize_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
                                      const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols,
                                      int32_t slice_cols)
 {
     glmrt_dependent_enter();
-    __shared__ float warp_max[GLMRT_QUANTIZE_THREADS / 32];
+    __shared__ float warp_max[THREADS / 32];
     const int32_t r = (int32_t)blockIdx.x;
     const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
     if (row == nullptr) {
         return;
     }
     const int32_t first = (int32_t)threadIdx.x * 4;
-    const int32_t stride = GLMRT_QUANTIZE_THREADS * 4;
+    const int32_t stride = THREADS * 4;
     const int32_t lo = (int32_t)blockIdx.y * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
-    float4 cached[GLMRT_QUANTIZE_CACHED];
-    float amax = glmrt_activation_load<OP, GLMRT_QUANTIZE_CACHED>(cached, row, cols, cols, first, stride);
+    float4 cached[CACHED];
+    float amax = glmrt_activation_load<OP, CACHED>(cached, row, cols, cols, first, stride);
     float scale = 1.0f;
     if (KIND == GLMRT_OPERAND_FP8) {
-        for (int32_t c = first + GLMRT_QUANTIZE_CACHED * stride; c < cols; c += stride) {
+        for (int32_t c = first + CACHED * stride; c < cols; c += stride) {
             amax = glmrt_abs_max4(glmrt_activation_values<OP>(row, cols, c), amax);
         }
         scale = glmrt_activation_scale(glmrt_activation_block_max(amax, warp_max));
     }
 #pragma unroll
-    for (int k = 0; k < GLMRT_QUANTIZE_CACHED; ++k) {
+    for (int k = 0; k < CACHED; ++k) {
         const int32_t c = first + k * stride;
         if (c >= lo && c < hi) {
             glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
         }
     }
-    for (int32_t c = first + GLMRT_QUANTIZE_CACHED * stride; c < hi; c += stride) {
+    for (int32_t c = first + CACHED * stride; c < hi; c += stride) {
         if (c >= lo) {
             glmrt_operand_store4<KIND>(out, cols, r, c / 4, glmrt_activation_values<OP>(row, cols, c), scale);
         }
     }
     if (KIND == GLMRT_OPERAND_FP8 && threadIdx.x == 0 && blockIdx.y == 0) {
         out_scales[r] = scale;
-    }
-}
-
-template <int OP, int KIND>
-__global__ void __launch_bounds__(GLMRT_ROW_THREADS, GLMRT_ROW_BLOCKS_PER_SM)
-    glmrt_activation_rows_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
-                                 const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
-{
-    glmrt_dependent_enter();
-    __shared__ float warp_max[GLMRT_ROW_THREADS / 32];
-    const int32_t r = (int32_t)blockIdx.x;
-    const float *row = glmrt_activation_row(x, x_stride, x_rows, num_rows, device_rows, r);
-    if (row == nullptr) {
-        return;
-    }
-    const int32_t first = (int32_t)threadIdx.x * 4;
-    float4 cached[GLMRT_ROW_VECTORS];
-    const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(cached, row, cols, cols, first,
-                                                                    GLMRT_ROW_THREADS * 4);
-    float scale = 1.0f;
-    if (KIND == GLMRT_OPERAND_FP8) {
-        scale = glmrt_activation_scale(glmrt_activation_block_max(amax, warp_max));
-        if (threadIdx.x == 0) {
-            out_scales[r] = scale;
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
-        const int32_t c = first + k * GLMRT_ROW_THREADS * 4;
-        if (c < cols) {
-            glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
-        }
     }
 }
 
@@ -173,19 +141,21 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
 #endif
 }
 
-template <int OP>
-static glmrt_status glmrt_activation_launch_rows(const glmrt_cuda_activation_args *a, cudaStream_t stream,
-                                                 glmrt_error *error)
+template <int OP, int THREADS, int CACHED, int BLOCKS_PER_SM>
+static glmrt_status glmrt_activation_launch_blocks(const glmrt_cuda_activation_args *a, int32_t slice_cols,
+                                                   cudaStream_t stream, glmrt_error *error)
 {
     const glmrt_cuda_qgemm_operand *o = a->out;
-    void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t) =
-        o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_rows_kernel<OP, GLMRT_OPERAND_FP8>
-                                     : glmrt_activation_rows_kernel<OP, GLMRT_OPERAND_BF16>;
+    void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t,
+                   int32_t) =
+        o->kind == GLMRT_OPERAND_FP8
+            ? glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8, THREADS, CACHED, BLOCKS_PER_SM>
+            : glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16, THREADS, CACHED, BLOCKS_PER_SM>;
+    dim3 grid((unsigned)a->num_rows, (unsigned)glmrt_ceil_div(o->cols, slice_cols));
     glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config =
-        glmrt_dependent_config(&dependent, (unsigned)a->num_rows, GLMRT_ROW_THREADS, 0, stream);
+    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, THREADS, 0, stream);
     GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
-                                             o->data, o->scales, o->cols));
+                                             o->data, o->scales, o->cols, slice_cols));
     return GLMRT_OK;
 }
 
@@ -223,22 +193,16 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
     int32_t sms = 0;
     GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
     if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms) {
-        return glmrt_activation_launch_rows<OP>(a, stream, error);
+        return glmrt_activation_launch_blocks<OP, GLMRT_ROW_THREADS, GLMRT_ROW_VECTORS, GLMRT_ROW_BLOCKS_PER_SM>(
+            a, o->cols, stream, error);
     }
     const int32_t slice_cols = glmrt_activation_slice_cols(a->num_rows, o->cols, sms);
     const int32_t slices = glmrt_ceil_div(o->cols, slice_cols);
     if (o->kind == GLMRT_OPERAND_FP8 && slices > 1 && o->cols <= GLMRT_CLUSTER_BLOCKS * GLMRT_CLUSTER_BLOCK_COLS) {
         return glmrt_activation_launch_cluster<OP>(a, stream, error);
     }
-    dim3 grid((unsigned)a->num_rows, (unsigned)slices);
-    void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t,
-                   int32_t) = o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_FP8>
-                                                          : glmrt_activation_quantize_kernel<OP, GLMRT_OPERAND_BF16>;
-    glmrt_dependent_launch dependent;
-    const cudaLaunchConfig_t *config = glmrt_dependent_config(&dependent, grid, GLMRT_QUANTIZE_THREADS, 0, stream);
-    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
-                                             o->data, o->scales, o->cols, slice_cols));
-    return GLMRT_OK;
+    return glmrt_activation_launch_blocks<OP, GLMRT_QUANTIZE_THREADS, GLMRT_QUANTIZE_CACHED,
+                                          GLMRT_QUANTIZE_BLOCKS_PER_SM>(a, slice_cols, stream, error);
 }
 
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,
