@@ -1008,6 +1008,9 @@ int main(void)
     glmrt_qtest_activations(&report, &rng, 8, 5, 1536);
     glmrt_qtest_activations(&report, &rng, 2, 2, 10256);
     glmrt_qtest_activations(&report, &rng, 300, 300, 1536);
+    glmrt_qtest_activations(&report, &rng, 900, 64, 1536);
+    glmrt_qtest_activations(&report, &rng, 1056, 1000, 1536);
+    glmrt_qtest_activations(&report, &rng, 2500, 40, 1536);
     const glmrt_qtest_case cases[] = {
         {"bf16", GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, 0},
         {"fp8 per-channel", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, 0},

@@ -10,6 +10,8 @@
 #define GLMRT_QUANTIZE_BLOCKS_PER_SM 2
 #define GLMRT_ROW_BLOCKS_PER_SM 8
 #define GLMRT_ROW_THREADS 128
+#define GLMRT_ROW_WARPS (GLMRT_ROW_THREADS / 32)
+#define GLMRT_ROW_TEAMS 8
 #define GLMRT_ROW_VECTORS 3
 #define GLMRT_ROW_COLS (GLMRT_ROW_THREADS * 4 * GLMRT_ROW_VECTORS)
 #define GLMRT_CLUSTER_BLOCKS 8
@@ -42,15 +44,25 @@ __device__ __forceinline__ float glmrt_activation_load(float4 *cached, const flo
     return amax;
 }
 
+__device__ __forceinline__ int32_t glmrt_activation_rows_counted(int32_t num_rows, const int32_t *device_rows)
+{
+    return device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
+}
+
+__device__ __forceinline__ const float *glmrt_activation_source(const float *x, int64_t x_stride,
+                                                               const int32_t *x_rows, int32_t r)
+{
+    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
+    return x + source * x_stride;
+}
+
 __device__ __forceinline__ const float *glmrt_activation_row(const float *x, int64_t x_stride, const int32_t *x_rows,
                                                             int32_t num_rows, const int32_t *device_rows, int32_t r)
 {
-    const int32_t rows = device_rows != nullptr ? min(*device_rows, num_rows) : num_rows;
-    if (r >= rows) {
+    if (r >= glmrt_activation_rows_counted(num_rows, device_rows)) {
         return nullptr;
     }
-    const int64_t source = x_rows != nullptr ? x_rows[r] : r;
-    return x + source * x_stride;
+    return glmrt_activation_source(x, x_stride, x_rows, r);
 }
 
 template <int OP, int KIND, int THREADS, int CACHED, int BLOCKS_PER_SM>
@@ -93,6 +105,62 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     }
     if (KIND == GLMRT_OPERAND_FP8 && threadIdx.x == 0 && blockIdx.y == 0) {
         out_scales[r] = scale;
+    }
+}
+
+__device__ __forceinline__ void glmrt_row_team_sync(int team)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(team + 1), "n"(GLMRT_ROW_THREADS) : "memory");
+}
+
+template <int KIND>
+__device__ __forceinline__ float glmrt_row_team_scale(float amax, float (*team_max)[GLMRT_ROW_WARPS], int team,
+                                                      int member)
+{
+    if (KIND != GLMRT_OPERAND_FP8) {
+        return 1.0f;
+    }
+    const float warp_amax = glmrt_warp_max(amax);
+    if ((member & 31) == 0) {
+        team_max[team][member / 32] = warp_amax;
+    }
+    glmrt_row_team_sync(team);
+    float row_max = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GLMRT_ROW_WARPS; ++w) {
+        row_max = fmaxf(row_max, team_max[team][w]);
+    }
+    return glmrt_activation_scale(row_max);
+}
+
+template <int OP, int KIND>
+__global__ void __launch_bounds__(GLMRT_ROW_THREADS *GLMRT_ROW_TEAMS, 1)
+    glmrt_activation_team_kernel(const float *x, int64_t x_stride, const int32_t *x_rows, int32_t num_rows,
+                                 const int32_t *device_rows, uint8_t *out, float *out_scales, int32_t cols)
+{
+    glmrt_dependent_enter();
+    __shared__ float team_max[2][GLMRT_ROW_TEAMS][GLMRT_ROW_WARPS];
+    const int team = (int)threadIdx.x / GLMRT_ROW_THREADS;
+    const int member = (int)threadIdx.x % GLMRT_ROW_THREADS;
+    const int32_t rows = glmrt_activation_rows_counted(num_rows, device_rows);
+    const int32_t first = member * 4;
+    int parity = 0;
+    for (int32_t r = team * (int32_t)gridDim.x + (int32_t)blockIdx.x; r < rows;
+         r += (int32_t)gridDim.x * GLMRT_ROW_TEAMS, parity ^= 1) {
+        float4 cached[GLMRT_ROW_VECTORS];
+        const float amax = glmrt_activation_load<OP, GLMRT_ROW_VECTORS>(
+            cached, glmrt_activation_source(x, x_stride, x_rows, r), cols, cols, first, GLMRT_ROW_THREADS * 4);
+        const float scale = glmrt_row_team_scale<KIND>(amax, team_max[parity], team, member);
+        if (KIND == GLMRT_OPERAND_FP8 && member == 0) {
+            out_scales[r] = scale;
+        }
+#pragma unroll
+        for (int k = 0; k < GLMRT_ROW_VECTORS; ++k) {
+            const int32_t c = first + k * GLMRT_ROW_THREADS * 4;
+            if (c < cols) {
+                glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
+            }
+        }
     }
 }
 
@@ -159,6 +227,30 @@ static glmrt_status glmrt_activation_launch_blocks(const glmrt_cuda_activation_a
     return GLMRT_OK;
 }
 
+static int32_t glmrt_activation_team_blocks(int32_t num_rows, int32_t sms)
+{
+    const int32_t wanted = glmrt_ceil_div(num_rows, GLMRT_ROW_TEAMS);
+    const int32_t half = (sms + 1) / 2;
+    return wanted < half ? wanted : half;
+}
+
+template <int OP>
+static glmrt_status glmrt_activation_launch_teams(const glmrt_cuda_activation_args *a, int32_t sms,
+                                                  cudaStream_t stream, glmrt_error *error)
+{
+    const glmrt_cuda_qgemm_operand *o = a->out;
+    void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t) =
+        o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_team_kernel<OP, GLMRT_OPERAND_FP8>
+                                     : glmrt_activation_team_kernel<OP, GLMRT_OPERAND_BF16>;
+    glmrt_dependent_launch dependent;
+    const cudaLaunchConfig_t *config =
+        glmrt_dependent_config(&dependent, (unsigned)glmrt_activation_team_blocks(a->num_rows, sms),
+                               GLMRT_ROW_THREADS * GLMRT_ROW_TEAMS, 0, stream);
+    GLMRT_CUDA_TRY(error, cudaLaunchKernelEx(config, kernel, a->x, a->x_stride, a->x_rows, a->num_rows, a->device_rows,
+                                             o->data, o->scales, o->cols));
+    return GLMRT_OK;
+}
+
 template <int OP>
 static glmrt_status glmrt_activation_launch_cluster(const glmrt_cuda_activation_args *a, cudaStream_t stream,
                                                     glmrt_error *error)
@@ -192,6 +284,9 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
     const glmrt_cuda_qgemm_operand *o = a->out;
     int32_t sms = 0;
     GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
+    if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms && a->num_rows <= GLMRT_ROW_TEAMS * sms) {
+        return glmrt_activation_launch_teams<OP>(a, sms, stream, error);
+    }
     if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms) {
         return glmrt_activation_launch_blocks<OP, GLMRT_ROW_THREADS, GLMRT_ROW_VECTORS, GLMRT_ROW_BLOCKS_PER_SM>(
             a, o->cols, stream, error);
