@@ -1011,6 +1011,12 @@ int main(void)
     glmrt_qtest_activations(&report, &rng, 900, 64, 1536);
     glmrt_qtest_activations(&report, &rng, 1056, 1000, 1536);
     glmrt_qtest_activations(&report, &rng, 2500, 40, 1536);
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0) {
+        glmrt_qtest_activations(&report, &rng, 2 * sms, 2 * sms, 1536);
+        glmrt_qtest_activations(&report, &rng, 8 * sms, 8 * sms, 1040);
+        glmrt_qtest_activations(&report, &rng, 8 * sms + 1, 64, 1536);
+    }
     const glmrt_qtest_case cases[] = {
         {"bf16", GLMRT_CUDA_FORMAT_BF16, GLMRT_CUDA_SCALE_NONE, 0},
         {"fp8 per-channel", GLMRT_CUDA_FORMAT_FP8, GLMRT_CUDA_SCALE_CHANNEL, 0},

@@ -239,6 +239,10 @@ static glmrt_status glmrt_activation_launch_teams(const glmrt_cuda_activation_ar
                                                   cudaStream_t stream, glmrt_error *error)
 {
     const glmrt_cuda_qgemm_operand *o = a->out;
+    if (o->cols > GLMRT_ROW_COLS) {
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT,
+                               "the rounding teams take rows of at most %d columns, got %d", GLMRT_ROW_COLS, o->cols);
+    }
     void (*kernel)(const float *, int64_t, const int32_t *, int32_t, const int32_t *, uint8_t *, float *, int32_t) =
         o->kind == GLMRT_OPERAND_FP8 ? glmrt_activation_team_kernel<OP, GLMRT_OPERAND_FP8>
                                      : glmrt_activation_team_kernel<OP, GLMRT_OPERAND_BF16>;
