@@ -6,6 +6,7 @@
 
 #include "activation_quant.cuh"
 #include "bench_fill.cuh"
+#include "bench_graph.cuh"
 #include "qgemm.cuh"
 
 extern "C" {
@@ -28,11 +29,7 @@ typedef struct glmrt_act_bench {
 
 static int glmrt_act_ok(cudaError_t result, const char *what)
 {
-    if (result != cudaSuccess) {
-        fprintf(stderr, "activation_bench: %s: %s\n", what, cudaGetErrorString(result));
-        return 0;
-    }
-    return 1;
+    return glmrt_bench_check("activation_bench", result, what);
 }
 
 static void glmrt_act_bench_free(glmrt_act_bench *b)
@@ -74,28 +71,9 @@ static int glmrt_act_bench_open(glmrt_act_bench *b)
 
 static int glmrt_act_bench_capture(glmrt_act_bench *b, const glmrt_cuda_activation_args *args, cudaGraphExec_t *exec)
 {
-    glmrt_error error;
-    glmrt_error_clear(&error);
-    cudaGraph_t graph = nullptr;
-    if (!glmrt_act_ok(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal), "capture")) {
-        return 0;
-    }
-    glmrt_status status = GLMRT_OK;
-    for (int i = 0; i < GLMRT_ACT_BENCH_CALLS && status == GLMRT_OK; ++i) {
-        status = glmrt_cuda_activation_quantize(args, b->stream, &error);
-    }
-    const cudaError_t ended = cudaStreamEndCapture(b->stream, &graph);
-    if (status != GLMRT_OK) {
-        fprintf(stderr, "activation_bench: %s\n", error.message);
-        cudaGraphDestroy(graph);
-        return 0;
-    }
-    if (!glmrt_act_ok(ended, "end of capture")) {
-        return 0;
-    }
-    const int made = glmrt_act_ok(cudaGraphInstantiate(exec, graph, 0), "graph instantiation");
-    cudaGraphDestroy(graph);
-    return made;
+    return glmrt_bench_graph_capture(
+        "activation_bench", b->stream, GLMRT_ACT_BENCH_CALLS,
+        [&](int, glmrt_error *error) { return glmrt_cuda_activation_quantize(args, b->stream, error); }, exec);
 }
 
 static int glmrt_act_bench_time(glmrt_act_bench *b, int32_t rows, int counted_on_device, double *out_us)
@@ -115,25 +93,8 @@ static int glmrt_act_bench_time(glmrt_act_bench *b, int32_t rows, int counted_on
     if (!glmrt_act_bench_capture(b, &args, &exec)) {
         return 0;
     }
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    float ms = 0.0f;
-    int ok = glmrt_act_ok(cudaEventCreate(&start), "event") && glmrt_act_ok(cudaEventCreate(&stop), "event") &&
-             glmrt_act_ok(cudaGraphLaunch(exec, b->stream), "warm-up replay") &&
-             glmrt_act_ok(cudaEventRecord(start, b->stream), "event record");
-    for (int r = 0; ok && r < GLMRT_ACT_BENCH_REPLAYS; ++r) {
-        ok = glmrt_act_ok(cudaGraphLaunch(exec, b->stream), "replay");
-    }
-    ok = ok && glmrt_act_ok(cudaEventRecord(stop, b->stream), "event record") &&
-         glmrt_act_ok(cudaEventSynchronize(stop), "replays") &&
-         glmrt_act_ok(cudaEventElapsedTime(&ms, start, stop), "elapsed time");
-    *out_us = (double)ms * 1e3 / (GLMRT_ACT_BENCH_CALLS * GLMRT_ACT_BENCH_REPLAYS);
-    if (start != nullptr) {
-        cudaEventDestroy(start);
-    }
-    if (stop != nullptr) {
-        cudaEventDestroy(stop);
-    }
+    const int ok = glmrt_bench_graph_call_us("activation_bench", b->stream, exec, GLMRT_ACT_BENCH_CALLS,
+                                             GLMRT_ACT_BENCH_REPLAYS, out_us);
     cudaGraphExecDestroy(exec);
     return ok;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bench_fill.cuh"
+#include "bench_graph.cuh"
 #include "moe.cuh"
 #include "route_resident.cuh"
 #include "router.cuh"
@@ -56,11 +57,7 @@ __global__ void glmrt_route_bench_to_bf16(const float *from, __nv_bfloat16 *to, 
 
 static int glmrt_route_ok(cudaError_t result, const char *what)
 {
-    if (result != cudaSuccess) {
-        fprintf(stderr, "route_bench: %s: %s\n", what, cudaGetErrorString(result));
-        return 0;
-    }
-    return 1;
+    return glmrt_bench_check("route_bench", result, what);
 }
 
 static void glmrt_route_bench_free(glmrt_route_bench *b)
@@ -163,37 +160,25 @@ static glmrt_status glmrt_route_bench_call(const glmrt_route_bench *b, int32_t p
     return GLMRT_OK;
 }
 
+static glmrt_status glmrt_route_bench_evicting_call(const glmrt_route_bench *b, int32_t part, int32_t tokens,
+                                                   int evict, int call, glmrt_error *error)
+{
+    if (evict) {
+        const cudaError_t evicted = cudaMemsetAsync(b->evicted, call & 0xff, GLMRT_ROUTE_BENCH_EVICT_BYTES, b->stream);
+        if (evicted != cudaSuccess) {
+            return glmrt_error_set(error, GLMRT_ERR_BACKEND, "%s", cudaGetErrorString(evicted));
+        }
+    }
+    return glmrt_route_bench_call(b, part, tokens, error);
+}
+
 static int glmrt_route_bench_capture(glmrt_route_bench *b, int32_t part, int32_t tokens, int evict,
                                      cudaGraphExec_t *exec)
 {
-    glmrt_error error;
-    glmrt_error_clear(&error);
-    cudaGraph_t graph = nullptr;
-    if (!glmrt_route_ok(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal), "capture")) {
-        return 0;
-    }
-    glmrt_status status = GLMRT_OK;
-    cudaError_t evicted = cudaSuccess;
-    for (int i = 0; i < GLMRT_ROUTE_BENCH_CALLS && status == GLMRT_OK && evicted == cudaSuccess; ++i) {
-        if (evict) {
-            evicted = cudaMemsetAsync(b->evicted, i & 0xff, GLMRT_ROUTE_BENCH_EVICT_BYTES, b->stream);
-        }
-        if (evicted == cudaSuccess) {
-            status = glmrt_route_bench_call(b, part, tokens, &error);
-        }
-    }
-    const cudaError_t ended = cudaStreamEndCapture(b->stream, &graph);
-    if (status != GLMRT_OK || evicted != cudaSuccess) {
-        fprintf(stderr, "route_bench: %s\n", status != GLMRT_OK ? error.message : cudaGetErrorString(evicted));
-        cudaGraphDestroy(graph);
-        return 0;
-    }
-    if (!glmrt_route_ok(ended, "end of capture")) {
-        return 0;
-    }
-    const int made = glmrt_route_ok(cudaGraphInstantiate(exec, graph, 0), "graph instantiation");
-    cudaGraphDestroy(graph);
-    return made;
+    return glmrt_bench_graph_capture(
+        "route_bench", b->stream, GLMRT_ROUTE_BENCH_CALLS,
+        [&](int call, glmrt_error *error) { return glmrt_route_bench_evicting_call(b, part, tokens, evict, call, error); },
+        exec);
 }
 
 static int glmrt_route_bench_time(glmrt_route_bench *b, int32_t part, int32_t tokens, int evict, double *out_us)
@@ -202,25 +187,8 @@ static int glmrt_route_bench_time(glmrt_route_bench *b, int32_t part, int32_t to
     if (!glmrt_route_bench_capture(b, part, tokens, evict, &exec)) {
         return 0;
     }
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    float ms = 0.0f;
-    int ok = glmrt_route_ok(cudaEventCreate(&start), "event") && glmrt_route_ok(cudaEventCreate(&stop), "event") &&
-             glmrt_route_ok(cudaGraphLaunch(exec, b->stream), "warm-up replay") &&
-             glmrt_route_ok(cudaEventRecord(start, b->stream), "event record");
-    for (int r = 0; ok && r < GLMRT_ROUTE_BENCH_REPLAYS; ++r) {
-        ok = glmrt_route_ok(cudaGraphLaunch(exec, b->stream), "replay");
-    }
-    ok = ok && glmrt_route_ok(cudaEventRecord(stop, b->stream), "event record") &&
-         glmrt_route_ok(cudaEventSynchronize(stop), "replays") &&
-         glmrt_route_ok(cudaEventElapsedTime(&ms, start, stop), "elapsed time");
-    *out_us = (double)ms * 1e3 / (GLMRT_ROUTE_BENCH_CALLS * GLMRT_ROUTE_BENCH_REPLAYS);
-    if (start != nullptr) {
-        cudaEventDestroy(start);
-    }
-    if (stop != nullptr) {
-        cudaEventDestroy(stop);
-    }
+    const int ok = glmrt_bench_graph_call_us("route_bench", b->stream, exec, GLMRT_ROUTE_BENCH_CALLS,
+                                             GLMRT_ROUTE_BENCH_REPLAYS, out_us);
     cudaGraphExecDestroy(exec);
     return ok;
 }

@@ -288,10 +288,10 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
     const glmrt_cuda_qgemm_operand *o = a->out;
     int32_t sms = 0;
     GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
-    if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms && a->num_rows <= GLMRT_ROW_TEAMS * sms) {
-        return glmrt_activation_launch_teams<OP>(a, sms, stream, error);
-    }
     if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms) {
+        if (a->num_rows <= GLMRT_ROW_TEAMS * sms) {
+            return glmrt_activation_launch_teams<OP>(a, sms, stream, error);
+        }
         return glmrt_activation_launch_blocks<OP, GLMRT_ROW_THREADS, GLMRT_ROW_VECTORS, GLMRT_ROW_BLOCKS_PER_SM>(
             a, o->cols, stream, error);
     }
