@@ -188,6 +188,11 @@ static glmrt_qgemm_plan glmrt_qgemm_plan_for(const glmrt_cuda_qgemm_call *call, 
     return plan;
 }
 
+static bool glmrt_qgemm_weights_read_once(bool grouped, int32_t token_tiles, int32_t bn)
+{
+    return grouped ? bn < GLMRT_QGEMM_MAX_TILE_ROWS : token_tiles == 1;
+}
+
 static bool glmrt_qgemm_plan_gates(const glmrt_cuda_qgemm_call *call, const glmrt_qgemm_plan *plan)
 {
     const glmrt_cuda_matrix *w = call->w;
@@ -259,6 +264,7 @@ glmrt_status glmrt_cuda_qgemm_run(const glmrt_cuda_qgemm_call *call, const glmrt
     p.split_units = split_units ? 1 : 0;
     p.accumulate = call->accumulate;
     p.gated_rows = gated ? w->rows / 2 : 0;
+    p.weights_read_once = glmrt_qgemm_weights_read_once(grouped, token_tiles, bn) ? 1 : 0;
     int32_t width = 0;
     while ((GLMRT_QGEMM_ACTIVATION_BOX_ROWS << width) < bn) {
         ++width;

@@ -37,6 +37,7 @@ typedef struct glmrt_qgemm_params {
     int32_t split_units;
     int32_t accumulate;
     int32_t gated_rows;
+    int32_t weights_read_once;
 } glmrt_qgemm_params;
 
 template <int KIND, int SCALE, int PROMOTE, int BN, int FOLD>
@@ -201,6 +202,16 @@ __device__ __forceinline__ void glmrt_qgemm_consumer_sync(int consumers)
     asm volatile("bar.sync %0, %1;\n" ::"n"(GLMRT_QGEMM_CONSUMER_BARRIER), "r"(consumers * 128) : "memory");
 }
 
+__device__ __forceinline__ void glmrt_qgemm_load_weight_box(void *at, const CUtensorMap *w_map, uint64_t *full,
+                                                            int32_t inner, int32_t row, const glmrt_qgemm_params &p)
+{
+    if (p.weights_read_once) {
+        glmrt_tma_load_2d_evict_first(at, w_map, full, inner, row);
+        return;
+    }
+    glmrt_tma_load_2d(at, w_map, full, inner, row);
+}
+
 template <typename SHAPE>
 __device__ __forceinline__ void glmrt_qgemm_load_weight_tile(uint8_t *at, const CUtensorMap *w_map, uint64_t *full,
                                                              int32_t inner, const glmrt_qgemm_params &p,
@@ -208,11 +219,12 @@ __device__ __forceinline__ void glmrt_qgemm_load_weight_tile(uint8_t *at, const 
 {
     if (SHAPE::staged && p.gated_rows > 0) {
         const int32_t gate_row = group * p.w.rows + segment.tile * GLMRT_QGEMM_WEIGHT_TILE_ROWS;
-        glmrt_tma_load_2d(at, w_map, full, inner, gate_row);
-        glmrt_tma_load_2d(at + SHAPE::weight_tile_bytes, w_map, full, inner, gate_row + p.gated_rows);
+        glmrt_qgemm_load_weight_box(at, w_map, full, inner, gate_row, p);
+        glmrt_qgemm_load_weight_box(at + SHAPE::weight_tile_bytes, w_map, full, inner, gate_row + p.gated_rows, p);
         return;
     }
-    glmrt_tma_load_2d(at, w_map, full, inner, glmrt_qgemm_weight_row(p, group, segment, SHAPE::consumers));
+    glmrt_qgemm_load_weight_box(at, w_map, full, inner, glmrt_qgemm_weight_row(p, group, segment, SHAPE::consumers),
+                                p);
 }
 
 template <typename SHAPE, int KIND>

@@ -69,6 +69,23 @@ __device__ __forceinline__ void glmrt_tma_load_2d(void *destination, const CUten
         : "memory");
 }
 
+__device__ __forceinline__ uint64_t glmrt_l2_evict_first_policy(void)
+{
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
+__device__ __forceinline__ void glmrt_tma_load_2d_evict_first(void *destination, const CUtensorMap *map,
+                                                              uint64_t *barrier, int32_t inner, int32_t outer)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                 "[%1, {%3, %4}], [%2], %5;\n" ::"r"(glmrt_shared_address(destination)),
+                 "l"(map), "r"(glmrt_shared_address(barrier)), "r"(inner), "r"(outer),
+                 "l"(glmrt_l2_evict_first_policy())
+                 : "memory");
+}
+
 __device__ __forceinline__ void glmrt_tma_prefetch_map(const CUtensorMap *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
