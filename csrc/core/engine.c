@@ -105,6 +105,7 @@ static void release_live_requests(glmrt_engine *engine)
     }
     engine->live_head = NULL;
     engine->num_live = 0;
+    glmrt_live_set_free(&engine->live_requests);
 }
 
 void glmrt_engine_free(glmrt_engine *engine)
@@ -174,6 +175,9 @@ static glmrt_status build_engine(glmrt_engine *engine, const char *model_dir)
     engine->max_context = effective_max_context(&engine->config, &engine->options);
     status = load_weights(engine, model_dir);
     if (status == GLMRT_OK && engine->options.kv_num_pages > 0) status = init_kv_pages(engine);
+    if (status == GLMRT_OK) {
+        status = glmrt_live_set_reserve(&engine->live_requests, engine->options.max_batch, &engine->error);
+    }
     if (status == GLMRT_OK) {
         status = glmrt_step_scratch_init(&engine->scratch, engine->options.max_batch,
                                          engine->options.max_tokens_per_step, engine->config.vocab_size,
@@ -346,13 +350,19 @@ glmrt_status glmrt_engine_check_invariants(glmrt_engine *engine)
     for (const glmrt_request *request = engine->live_head; request != NULL && status == GLMRT_OK;
          request = request->next) {
         status = check_request_pages(engine, request, holders);
+        if (status == GLMRT_OK && !glmrt_live_set_has(&engine->live_requests, request)) {
+            status = glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
+                                     "request %lld is on the live list but not in the live-request table",
+                                     (long long)request->id);
+        }
         counted += 1;
     }
     if (status == GLMRT_OK) status = check_holders(engine, holders);
     memset(holders, 0, (size_t)engine->kv_pages.num_pages * sizeof(*holders));
-    if (status == GLMRT_OK && counted != engine->num_live) {
-        status = glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT, "live list has %d requests, counter says %d",
-                                 counted, engine->num_live);
+    if (status == GLMRT_OK && (counted != engine->num_live || counted != engine->live_requests.count)) {
+        status = glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
+                                 "live list has %d requests, counter says %d, live-request table holds %d", counted,
+                                 engine->num_live, engine->live_requests.count);
     }
     return status;
 }

@@ -3,11 +3,11 @@
 
 #include "backend.h"
 #include "kv_pages.h"
+#include "live_set.h"
 #include "model_config.h"
 #include "step_clock.h"
 
 typedef struct glmrt_step_scratch {
-    glmrt_request **sorted_requests;
     glmrt_request **flight_requests;
     glmrt_request **relaunch_requests;
     glmrt_token *token_ids;
@@ -54,6 +54,8 @@ struct glmrt_engine {
     int32_t max_sequence_tokens;
     glmrt_request *live_head;
     int32_t num_live;
+    glmrt_live_set live_requests;
+    int64_t batch_stamp;
     int64_t next_request_id;
     int64_t tokens_processed;
     int64_t tokens_generated;

@@ -5,7 +5,6 @@
 
 void glmrt_step_scratch_free(glmrt_step_scratch *scratch)
 {
-    free(scratch->sorted_requests);
     free(scratch->flight_requests);
     free(scratch->relaunch_requests);
     free(scratch->token_ids);
@@ -37,7 +36,6 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
     memset(scratch, 0, sizeof(*scratch));
     size_t batch = (size_t)max_batch;
     size_t tokens = (size_t)max_tokens;
-    scratch->sorted_requests = calloc(batch, sizeof(glmrt_request *));
     scratch->flight_requests = calloc(batch, sizeof(glmrt_request *));
     scratch->relaunch_requests = calloc(batch, sizeof(glmrt_request *));
     scratch->token_ids = calloc(tokens, sizeof(glmrt_token));
@@ -60,7 +58,7 @@ glmrt_status glmrt_step_scratch_init(glmrt_step_scratch *scratch, int32_t max_ba
     scratch->seq_discard = calloc(batch, sizeof(int32_t));
     scratch->sampled = calloc(batch, sizeof(glmrt_token));
     scratch->logits = vocab_size > 0 ? calloc(batch * (size_t)vocab_size, sizeof(float)) : NULL;
-    if (!scratch->sorted_requests || !scratch->flight_requests || !scratch->relaunch_requests || !scratch->token_ids || !scratch->positions || !scratch->token_seq || !scratch->seq_requests ||
+    if (!scratch->flight_requests || !scratch->relaunch_requests || !scratch->token_ids || !scratch->positions || !scratch->token_seq || !scratch->seq_requests ||
         !scratch->seq_batch_index || !scratch->seq_token_start || !scratch->seq_num_tokens ||
         !scratch->seq_context_len || !scratch->seq_page_tables || !scratch->seq_new_pages || !scratch->seq_num_pages || !scratch->seq_hit_pages ||
         !scratch->request_computed ||

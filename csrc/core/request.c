@@ -6,12 +6,7 @@
 
 static int request_is_live(const glmrt_engine *engine, const glmrt_request *request)
 {
-    for (const glmrt_request *live = engine->live_head; live != NULL; live = live->next) {
-        if (live == request) {
-            return 1;
-        }
-    }
-    return 0;
+    return glmrt_live_set_has(&engine->live_requests, request);
 }
 
 static glmrt_status require_live_request(glmrt_engine *engine, const glmrt_request *request, const char *action)
@@ -135,8 +130,12 @@ static glmrt_status request_build(glmrt_engine *engine, const glmrt_token *promp
     return copy_stop_tokens(engine, request, params);
 }
 
-static void request_link(glmrt_engine *engine, glmrt_request *request)
+static glmrt_status request_link(glmrt_engine *engine, glmrt_request *request)
 {
+    glmrt_status status = glmrt_live_set_add(&engine->live_requests, request, &engine->error);
+    if (status != GLMRT_OK) {
+        return status;
+    }
     request->id = engine->next_request_id++;
     request->prev = NULL;
     request->next = engine->live_head;
@@ -145,10 +144,12 @@ static void request_link(glmrt_engine *engine, glmrt_request *request)
     }
     engine->live_head = request;
     engine->num_live += 1;
+    return GLMRT_OK;
 }
 
 static void request_unlink(glmrt_engine *engine, glmrt_request *request)
 {
+    glmrt_live_set_remove(&engine->live_requests, request);
     if (request->prev != NULL) {
         request->prev->next = request->next;
     } else {
@@ -192,7 +193,11 @@ glmrt_status glmrt_request_create(glmrt_engine *engine, const glmrt_token *promp
         glmrt_request_destroy(request);
         return status;
     }
-    request_link(engine, request);
+    status = request_link(engine, request);
+    if (status != GLMRT_OK) {
+        glmrt_request_destroy(request);
+        return status;
+    }
     *out_request = request;
     return GLMRT_OK;
 }

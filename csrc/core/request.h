@@ -22,6 +22,7 @@ struct glmrt_request {
     int32_t finish_reason;
     int32_t in_flight;
     int64_t last_step;
+    int64_t batch_stamp;
 };
 
 void glmrt_request_destroy(glmrt_request *request);

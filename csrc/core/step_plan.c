@@ -4,53 +4,24 @@
 
 #include "step_plan.h"
 
-static int compare_request_addresses(const void *left, const void *right)
-{
-    uintptr_t a = (uintptr_t)*(glmrt_request *const *)left;
-    uintptr_t b = (uintptr_t)*(glmrt_request *const *)right;
-    return a < b ? -1 : (a > b ? 1 : 0);
-}
-
-static int32_t first_entry_not_live(const glmrt_engine *engine, glmrt_request *const *requests, int32_t n)
-{
-    for (int32_t i = 0; i < n; ++i) {
-        int live = 0;
-        for (const glmrt_request *request = engine->live_head; request != NULL && !live; request = request->next) {
-            live = request == requests[i];
-        }
-        if (!live) {
-            return i;
-        }
-    }
-    return -1;
-}
-
 static glmrt_status check_batch_members(glmrt_engine *engine, glmrt_request *const *requests, int32_t n)
 {
-    glmrt_request **sorted = engine->scratch.sorted_requests;
+    engine->batch_stamp += 1;
     for (int32_t i = 0; i < n; ++i) {
-        if (requests[i] == NULL) {
+        glmrt_request *request = requests[i];
+        if (request == NULL) {
             return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT, "batch entry %d is NULL", i);
         }
-        sorted[i] = requests[i];
-    }
-    qsort(sorted, (size_t)n, sizeof(*sorted), compare_request_addresses);
-    for (int32_t i = 1; i < n; ++i) {
-        if (sorted[i] == sorted[i - 1]) {
+        if (!glmrt_live_set_has(&engine->live_requests, request)) {
             return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
-                                   "a request appears twice in the batch");
+                                   "batch entry %d is not a live request of this engine (freed, or from another engine)",
+                                   i);
         }
-    }
-    int32_t found = 0;
-    for (glmrt_request *request = engine->live_head; request != NULL && found < n; request = request->next) {
-        if (bsearch(&request, sorted, (size_t)n, sizeof(*sorted), compare_request_addresses) != NULL) {
-            found += 1;
+        if (request->batch_stamp == engine->batch_stamp) {
+            return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
+                                   "a request appears twice in the batch (entry %d)", i);
         }
-    }
-    if (found != n) {
-        return glmrt_error_set(&engine->error, GLMRT_ERR_INVALID_ARGUMENT,
-                               "batch entry %d is not a live request of this engine (freed, or from another engine)",
-                               first_entry_not_live(engine, requests, n));
+        request->batch_stamp = engine->batch_stamp;
     }
     return GLMRT_OK;
 }
