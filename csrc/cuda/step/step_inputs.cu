@@ -380,6 +380,25 @@ static void glmrt_step_write_samples(const glmrt_step_batch *batch, glmrt_cuda_s
     }
 }
 
+static glmrt_status glmrt_step_copy_pages(const glmrt_page_id *table, int32_t pages, int32_t num_pool_pages,
+                                          int32_t seq, int32_t *out, glmrt_error *error)
+{
+    uint32_t outside = 0;
+    for (int32_t i = 0; i < pages; ++i) {
+        outside |= (uint32_t)(table[i] < 0) | (uint32_t)(table[i] >= num_pool_pages);
+    }
+    if (outside != 0) {
+        int32_t i = 0;
+        while (table[i] >= 0 && table[i] < num_pool_pages) {
+            ++i;
+        }
+        return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "sequence %d holds page %d outside the pool of %d", seq,
+                               table[i], num_pool_pages);
+    }
+    memcpy(out, table, (size_t)pages * sizeof(*out));
+    return GLMRT_OK;
+}
+
 glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const glmrt_cuda_step_capacity *capacity,
                                          const glmrt_cuda_split_policy *policy, int32_t page_size,
                                          int32_t num_pool_pages, const glmrt_cuda_step_padding *padding,
@@ -410,14 +429,8 @@ glmrt_status glmrt_cuda_step_pack_padded(const glmrt_step_batch *batch, const gl
     for (int32_t s = 0; s < batch->num_seqs; ++s) {
         int32_t pages = glmrt_ceil_div(glmrt_seq_context(batch, s), page_size);
         v.seq_page_begin[s] = page_cursor;
-        for (int32_t i = 0; i < pages; ++i) {
-            glmrt_page_id page = batch->seq_page_tables[s][i];
-            if (page < 0 || page >= num_pool_pages) {
-                return glmrt_error_set(error, GLMRT_ERR_INVARIANT, "sequence %d holds page %d outside the pool of %d",
-                                       s, page, num_pool_pages);
-            }
-            v.page_ids[page_cursor + i] = page;
-        }
+        GLMRT_TRY(glmrt_step_copy_pages(batch->seq_page_tables[s], pages, num_pool_pages, s,
+                                        v.page_ids + page_cursor, error));
         page_cursor += pages;
     }
     glmrt_step_write_samples(batch, &v);
