@@ -1,14 +1,14 @@
 import ctypes
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.asan_drivers import assert_clean_run, run_asan_driver
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FUZZ_DRIVER = REPO_ROOT / "build" / "asan" / "test_safetensors_fuzz"
 STATUS_OK = 0
 STATUS_INVALID_ARGUMENT = 1
 STATUS_IO = 2
@@ -164,14 +164,7 @@ def test_validator_rejects_null_path(validate_function):
 
 
 def test_fuzz_driver_is_clean_under_address_sanitizer():
-    if not FUZZ_DRIVER.exists():
-        subprocess.run(["bash", "build.sh", "asan", "--no-deps"], cwd=REPO_ROOT, check=True, timeout=BUILD_TIMEOUT_S)
-    result = subprocess.run([str(FUZZ_DRIVER)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    summary = result.stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"(\d+) passed, 0 failed", summary)
-    assert match is not None, summary
-    assert int(match.group(1)) >= 2000
+    assert_clean_run(run_asan_driver("test_safetensors_fuzz"), minimum_passed=2000)
 
 
 def small_model(tmp_path, weight_format="bf16", **overrides):

@@ -1,24 +1,5 @@
-import re
-import subprocess
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DRIVER = REPO_ROOT / "build" / "asan" / "test_kv_pages"
-
-
-def build_asan_driver():
-    subprocess.run(["bash", str(REPO_ROOT / "build.sh"), "asan", "--no-deps"], cwd=REPO_ROOT, check=True,
-                   capture_output=True, text=True, timeout=900)
+from tests.asan_drivers import assert_clean_run, run_asan_driver
 
 
 def test_kv_page_allocator_driver_passes_under_address_sanitizer():
-    if not DRIVER.exists():
-        build_asan_driver()
-    result = subprocess.run([str(DRIVER)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    summary = re.search(r"^(\d+) passed, (\d+) failed$", result.stdout, re.MULTILINE)
-    assert summary is not None, result.stdout
-    assert int(summary.group(1)) >= 80
-    assert int(summary.group(2)) == 0
-    assert "ERROR: AddressSanitizer" not in result.stderr
-    assert "runtime error" not in result.stderr
+    assert_clean_run(run_asan_driver("test_kv_pages", timeout_s=300), minimum_passed=80)
