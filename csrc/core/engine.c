@@ -97,14 +97,11 @@ static int32_t sequence_token_limit(const glmrt_engine *engine)
 
 static void release_live_requests(glmrt_engine *engine)
 {
-    glmrt_request *request = engine->live_head;
-    while (request != NULL) {
-        glmrt_request *next = request->next;
-        glmrt_request_destroy(request);
-        request = next;
+    for (int32_t i = 0; i < engine->live_requests.capacity; ++i) {
+        if (engine->live_requests.slots[i] != NULL) {
+            glmrt_request_destroy(engine->live_requests.slots[i]);
+        }
     }
-    engine->live_head = NULL;
-    engine->num_live = 0;
     glmrt_live_set_free(&engine->live_requests);
 }
 
@@ -270,7 +267,7 @@ glmrt_status glmrt_engine_get_stats(glmrt_engine *engine, glmrt_engine_stats *ou
     out_stats->kv_pages_total = engine->kv_pages.num_pages;
     out_stats->kv_pages_free = glmrt_kv_pages_available(&engine->kv_pages);
     out_stats->kv_page_size = engine->kv_pages.page_size;
-    out_stats->live_requests = engine->num_live;
+    out_stats->live_requests = engine->live_requests.count;
     out_stats->tokens_processed = engine->tokens_processed;
     out_stats->steps = engine->steps;
     out_stats->tokens_generated = engine->tokens_generated;
@@ -347,22 +344,19 @@ glmrt_status glmrt_engine_check_invariants(glmrt_engine *engine)
     int32_t *holders = engine->kv_pages.check_counts;
     memset(holders, 0, (size_t)engine->kv_pages.num_pages * sizeof(*holders));
     int32_t counted = 0;
-    for (const glmrt_request *request = engine->live_head; request != NULL && status == GLMRT_OK;
-         request = request->next) {
-        status = check_request_pages(engine, request, holders);
-        if (status == GLMRT_OK && !glmrt_live_set_has(&engine->live_requests, request)) {
-            status = glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
-                                     "request %lld is on the live list but not in the live-request table",
-                                     (long long)request->id);
+    for (int32_t i = 0; i < engine->live_requests.capacity && status == GLMRT_OK; ++i) {
+        const glmrt_request *request = engine->live_requests.slots[i];
+        if (request != NULL) {
+            status = check_request_pages(engine, request, holders);
+            counted += 1;
         }
-        counted += 1;
     }
     if (status == GLMRT_OK) status = check_holders(engine, holders);
     memset(holders, 0, (size_t)engine->kv_pages.num_pages * sizeof(*holders));
-    if (status == GLMRT_OK && (counted != engine->num_live || counted != engine->live_requests.count)) {
+    if (status == GLMRT_OK && counted != engine->live_requests.count) {
         status = glmrt_error_set(&engine->error, GLMRT_ERR_INVARIANT,
-                                 "live list has %d requests, counter says %d, live-request table holds %d", counted,
-                                 engine->num_live, engine->live_requests.count);
+                                 "the live-request table holds %d requests, its counter says %d", counted,
+                                 engine->live_requests.count);
     }
     return status;
 }

@@ -52,8 +52,6 @@ struct glmrt_engine {
     glmrt_kv_pages kv_pages;
     int32_t max_context;
     int32_t max_sequence_tokens;
-    glmrt_request *live_head;
-    int32_t num_live;
     glmrt_live_set live_requests;
     int64_t batch_stamp;
     int64_t next_request_id;

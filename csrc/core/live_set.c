@@ -24,7 +24,7 @@ static uint32_t slot_distance(uint32_t from, uint32_t to, int32_t capacity)
     return (to - from) & (uint32_t)(capacity - 1);
 }
 
-static void place(const void **slots, int32_t capacity, const void *item)
+static void place(void **slots, int32_t capacity, void *item)
 {
     uint32_t slot = home_slot(item, capacity);
     while (slots[slot] != NULL) {
@@ -35,7 +35,7 @@ static void place(const void **slots, int32_t capacity, const void *item)
 
 static glmrt_status rehash(glmrt_live_set *set, int32_t capacity, glmrt_error *error)
 {
-    const void **slots = calloc((size_t)capacity, sizeof(*slots));
+    void **slots = calloc((size_t)capacity, sizeof(*slots));
     if (slots == NULL) {
         return glmrt_error_set(error, GLMRT_ERR_OUT_OF_MEMORY, "cannot allocate a live-request table of %d slots",
                                capacity);
@@ -67,7 +67,7 @@ glmrt_status glmrt_live_set_reserve(glmrt_live_set *set, int32_t count, glmrt_er
     return rehash(set, capacity, error);
 }
 
-glmrt_status glmrt_live_set_add(glmrt_live_set *set, const void *item, glmrt_error *error)
+glmrt_status glmrt_live_set_add(glmrt_live_set *set, void *item, glmrt_error *error)
 {
     if (item == NULL) {
         return glmrt_error_set(error, GLMRT_ERR_INVALID_ARGUMENT, "a live-request table holds no NULL entries");

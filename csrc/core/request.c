@@ -130,37 +130,14 @@ static glmrt_status request_build(glmrt_engine *engine, const glmrt_token *promp
     return copy_stop_tokens(engine, request, params);
 }
 
-static glmrt_status request_link(glmrt_engine *engine, glmrt_request *request)
+static glmrt_status request_register(glmrt_engine *engine, glmrt_request *request)
 {
     glmrt_status status = glmrt_live_set_add(&engine->live_requests, request, &engine->error);
     if (status != GLMRT_OK) {
         return status;
     }
     request->id = engine->next_request_id++;
-    request->prev = NULL;
-    request->next = engine->live_head;
-    if (engine->live_head != NULL) {
-        engine->live_head->prev = request;
-    }
-    engine->live_head = request;
-    engine->num_live += 1;
     return GLMRT_OK;
-}
-
-static void request_unlink(glmrt_engine *engine, glmrt_request *request)
-{
-    glmrt_live_set_remove(&engine->live_requests, request);
-    if (request->prev != NULL) {
-        request->prev->next = request->next;
-    } else {
-        engine->live_head = request->next;
-    }
-    if (request->next != NULL) {
-        request->next->prev = request->prev;
-    }
-    request->prev = NULL;
-    request->next = NULL;
-    engine->num_live -= 1;
 }
 
 glmrt_status glmrt_request_create(glmrt_engine *engine, const glmrt_token *prompt_tokens,
@@ -193,7 +170,7 @@ glmrt_status glmrt_request_create(glmrt_engine *engine, const glmrt_token *promp
         glmrt_request_destroy(request);
         return status;
     }
-    status = request_link(engine, request);
+    status = request_register(engine, request);
     if (status != GLMRT_OK) {
         glmrt_request_destroy(request);
         return status;
@@ -224,7 +201,7 @@ glmrt_status glmrt_request_free(glmrt_engine *engine, glmrt_request *request)
         return status;
     }
     status = request_release_pages(engine, request);
-    request_unlink(engine, request);
+    glmrt_live_set_remove(&engine->live_requests, request);
     glmrt_request_destroy(request);
     return status;
 }

@@ -6,8 +6,6 @@
 struct glmrt_request {
     int64_t id;
     glmrt_engine *engine;
-    glmrt_request *prev;
-    glmrt_request *next;
     glmrt_token *tokens;
     int32_t max_tokens;
     int32_t num_prompt_tokens;

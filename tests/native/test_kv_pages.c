@@ -1,4 +1,5 @@
 #include "kv_pages.h"
+#include "native_checks.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -36,28 +37,6 @@ typedef struct pool_snapshot {
     glmrt_token page_tokens[MAX_PAGES * MAX_PAGE_SIZE];
     glmrt_page_id table[MAX_TABLE];
 } pool_snapshot;
-
-static int num_passed;
-static int num_failed;
-
-static int expect(int ok, const char *what)
-{
-    if (ok) {
-        num_passed += 1;
-    } else {
-        num_failed += 1;
-        fprintf(stderr, "FAILED: %s\n", what);
-    }
-    return ok;
-}
-
-static uint32_t next_random(uint64_t *state, uint32_t bound)
-{
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    return (uint32_t)((*state >> 11) % bound);
-}
 
 static int snapshot_fits(const glmrt_kv_pages *pages)
 {
@@ -1273,6 +1252,5 @@ int main(void)
     test_table_rebuild_keeps_lookups();
     test_check_detects_corruption();
     test_random_operations_keep_the_pool_consistent();
-    printf("%d passed, %d failed\n", num_passed, num_failed);
-    return num_failed == 0 ? 0 : 1;
+    return report_checks();
 }

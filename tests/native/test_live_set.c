@@ -1,4 +1,5 @@
 #include "live_set.h"
+#include "native_checks.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -7,28 +8,6 @@
 #define ITEMS 3000
 #define OPERATIONS 200000
 #define CHECK_EVERY 997
-
-static int num_passed;
-static int num_failed;
-
-static int expect(int ok, const char *what)
-{
-    if (ok) {
-        num_passed += 1;
-    } else {
-        num_failed += 1;
-        fprintf(stderr, "FAILED: %s\n", what);
-    }
-    return ok;
-}
-
-static uint32_t next_random(uint64_t *state, uint32_t bound)
-{
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    return (uint32_t)((*state >> 11) % bound);
-}
 
 static int table_matches(const glmrt_live_set *set, char *const *items, const int *held, int32_t expected_count)
 {
@@ -138,6 +117,5 @@ int main(void)
     test_random_operations(items);
     test_reserve_keeps_entries(items);
     free(block);
-    printf("%d passed, %d failed\n", num_passed, num_failed);
-    return num_failed == 0 ? 0 : 1;
+    return report_checks();
 }

@@ -72,7 +72,7 @@ __device__ __forceinline__ void glmrt_tma_load_2d(void *destination, const CUten
 __device__ __forceinline__ uint64_t glmrt_l2_evict_first_policy(void)
 {
     uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     return policy;
 }
 
