@@ -1,4 +1,6 @@
+#include "activation_quant.cuh"
 #include "attention.cuh"
+#include "attention_round.cuh"
 #include "attention_tile.cuh"
 #include "cuda_test_support.cuh"
 #include "step_inputs.cuh"
@@ -117,6 +119,9 @@ typedef struct glmrt_attention_data {
     int32_t grid_limit;
     int32_t prefill_path;
     int32_t decode_path;
+    int32_t check_round;
+    int32_t round_blocks;
+    int32_t round_same;
     glmrt_cuda_step_counts counts;
 } glmrt_attention_data;
 
@@ -134,6 +139,9 @@ static void glmrt_attention_fill(glmrt_attention_data *a, const glmrt_attention_
     a->grid_limit = 0;
     a->prefill_path = GLMRT_ATTENTION_PREFILL_AUTO;
     a->decode_path = GLMRT_ATTENTION_DECODE_AUTO;
+    a->check_round = 0;
+    a->round_blocks = 0;
+    a->round_same = 0;
     a->num_heads = s->num_kv_heads * s->group;
     size_t cache_elements = (size_t)s->num_layers * 2 * s->num_kv_heads * s->page_size * s->head_dim * s->num_pages;
     a->cache.resize(cache_elements);
@@ -150,6 +158,73 @@ static void glmrt_attention_fill(glmrt_attention_data *a, const glmrt_attention_
             }
         }
     }
+}
+
+static glmrt_cuda_qgemm_operand glmrt_rounded_rows(int32_t rows, int32_t cols)
+{
+    glmrt_cuda_qgemm_operand rounded;
+    memset(&rounded, 0, sizeof(rounded));
+    rounded.kind = GLMRT_OPERAND_FP8;
+    rounded.cols = cols;
+    rounded.capacity_rows = rows;
+    rounded.data = glmrt_test_alloc<uint8_t>((size_t)rows * cols);
+    rounded.scales = glmrt_test_alloc<float>((size_t)rows);
+    return rounded;
+}
+
+static bool glmrt_rounded_same(const glmrt_cuda_qgemm_operand *x, const glmrt_cuda_qgemm_operand *y, int32_t rows)
+{
+    const std::vector<uint8_t> x_data = glmrt_test_download(x->data, (size_t)rows * x->cols);
+    const std::vector<uint8_t> y_data = glmrt_test_download(y->data, (size_t)rows * y->cols);
+    const std::vector<float> x_scales = glmrt_test_download(x->scales, (size_t)rows);
+    const std::vector<float> y_scales = glmrt_test_download(y->scales, (size_t)rows);
+    return x_data == y_data && memcmp(x_scales.data(), y_scales.data(), (size_t)rows * sizeof(float)) == 0;
+}
+
+static void glmrt_poison_merged_rows(float *d_rows, int64_t stride, const glmrt_cuda_step_counts *counts,
+                                     uint8_t *packed)
+{
+    glmrt_cuda_step_view host;
+    glmrt_cuda_step_view_at(counts, packed, &host);
+    for (int32_t i = 0; i < counts->num_merges; ++i) {
+        cudaMemset(d_rows + (int64_t)host.merges[i].token * stride, 0xff, (size_t)stride * sizeof(float));
+    }
+}
+
+static glmrt_status glmrt_merge_round_compare(glmrt_attention_data *a, const glmrt_cuda_attention_merge_args *merge,
+                                              const float *d_before, int32_t tokens, glmrt_error *error)
+{
+    const int32_t cols = a->num_heads * merge->head_dim;
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    glmrt_cuda_qgemm_operand separate = glmrt_rounded_rows(tokens, cols);
+    glmrt_cuda_qgemm_operand fused = glmrt_rounded_rows(tokens, cols);
+    a->round_blocks = glmrt_cuda_attention_merge_round_blocks(merge, tokens, &fused, sms);
+    glmrt_status status = GLMRT_OK;
+    if (a->round_blocks > 0) {
+        glmrt_cuda_activation_args rounding;
+        memset(&rounding, 0, sizeof(rounding));
+        rounding.x = merge->out;
+        rounding.x_stride = merge->out_stride;
+        rounding.op = GLMRT_ACTIVATION_COPY;
+        rounding.num_rows = tokens;
+        rounding.out = &separate;
+        status = glmrt_cuda_activation_quantize(&rounding, 0, error);
+        glmrt_cuda_attention_merge_args from_before = *merge;
+        from_before.out = const_cast<float *>(d_before);
+        if (status == GLMRT_OK) status = glmrt_cuda_attention_merge_round(&from_before, tokens, &fused, sms, 0, error);
+        cudaError_t synced = cudaDeviceSynchronize();
+        if (status == GLMRT_OK && synced != cudaSuccess) {
+            status = glmrt_error_set(error, GLMRT_ERR_BACKEND, "merge and rounding failed: %s",
+                                     cudaGetErrorString(synced));
+        }
+        a->round_same = status == GLMRT_OK && glmrt_rounded_same(&separate, &fused, tokens) ? 1 : 0;
+    }
+    cudaFree(separate.data);
+    cudaFree(separate.scales);
+    cudaFree(fused.data);
+    cudaFree(fused.scales);
+    return status;
 }
 
 static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt_attention_setup *s,
@@ -214,6 +289,12 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
     args.device_num_items = nullptr;
     args.max_grid_items = 0;
     if (status == GLMRT_OK) status = glmrt_cuda_attention_run(&args, capacity.prefill_tokens_per_item, 0, error);
+    const size_t out_elements = (size_t)tokens * a->num_heads * hd;
+    float *d_before = a->check_round ? glmrt_test_alloc<float>(out_elements) : nullptr;
+    if (d_before != nullptr) {
+        cudaMemcpy(d_before, d_out, out_elements * sizeof(float), cudaMemcpyDeviceToDevice);
+        glmrt_poison_merged_rows(d_before, args.out_stride, &a->counts, packed.data());
+    }
     glmrt_cuda_attention_merge_args merge;
     memset(&merge, 0, sizeof(merge));
     merge.merges = view.merges;
@@ -230,6 +311,8 @@ static glmrt_status glmrt_attention_compute(glmrt_attention_data *a, const glmrt
         merge.max_grid_merges = a->grid_limit;
     }
     if (status == GLMRT_OK) status = glmrt_cuda_attention_merge_run(&merge, 0, error);
+    if (status == GLMRT_OK && d_before != nullptr) status = glmrt_merge_round_compare(a, &merge, d_before, tokens, error);
+    cudaFree(d_before);
     a->out = glmrt_test_download(d_out, (size_t)tokens * a->num_heads * hd);
     cudaError_t synced = cudaDeviceSynchronize();
     if (status == GLMRT_OK && synced != cudaSuccess) {
@@ -736,6 +819,46 @@ static void glmrt_check_normalize(glmrt_test_report *report, glmrt_test_rng *rng
     cudaFree(divided_dev);
 }
 
+static void glmrt_check_merge_round(glmrt_test_report *report, glmrt_test_rng *rng, const glmrt_attention_setup *s,
+                                    const std::vector<glmrt_fake_seq> &seqs, int32_t grid_limit, int must_fuse,
+                                    const char *label)
+{
+    const glmrt_cuda_split_policy policy = {GLMRT_ATTENTION_KEYS_PER_SPLIT, GLMRT_ATTENTION_MAX_SPLITS, s->group};
+    glmrt_attention_data a;
+    glmrt_attention_fill(&a, s, seqs, rng);
+    a.check_round = 1;
+    a.grid_limit = grid_limit;
+    glmrt_error error;
+    glmrt_error_clear(&error);
+    if (!glmrt_attention_ran(report, glmrt_attention_compute(&a, s, &policy, &error), &error, label)) return;
+    char what[240];
+    snprintf(what, sizeof(what), "%s, %d tokens, %d merges: merge and rounding in one cluster kernel (%d blocks a row) "
+             "give the separate kernels' bits", label, a.f.batch.num_tokens, a.counts.num_merges, a.round_blocks);
+    const bool fused_when_asked = !must_fuse || a.round_blocks > 0;
+    const bool same_when_fused = a.round_blocks == 0 || a.round_same == 1;
+    glmrt_test_expect(report, fused_when_asked && same_when_fused, what, a.round_blocks > 0 ? (double)a.round_same : -1.0,
+                      1);
+}
+
+static void glmrt_check_merge_rounds(glmrt_test_report *report, glmrt_test_rng *rng)
+{
+    const glmrt_attention_setup glm = {128, 8, 12, 16, 1400, 1};
+    glmrt_check_merge_round(report, rng, &glm, {{1023, 1, 0}}, 0, 1, "head_dim 128 group 12, one row of 1,024 keys");
+    glmrt_check_merge_round(report, rng, &glm, {{299, 1, 0}}, 0, 1, "head_dim 128 group 12, one row of 300 keys");
+    const std::vector<glmrt_fake_seq> decodes = {{1023, 1, 0}, {40, 1, 0}, {2000, 1, 0}, {511, 1, 0},
+                                                 {512, 1, 0},  {5000, 1, 0}, {0, 1, 0},   {700, 1, 0}};
+    glmrt_check_merge_round(report, rng, &glm, decodes, 0, 1, "head_dim 128 group 12, eight decode rows");
+    glmrt_check_merge_round(report, rng, &glm, decodes, 2, 1,
+                            "head_dim 128 group 12, eight decode rows counted on the device");
+    glmrt_check_merge_round(report, rng, &glm, {{0, 9, 0}, {1500, 1, 0}, {300, 2, 0}, {3000, 1, 0}}, 0, 1,
+                            "head_dim 128 group 12, prefill chunks beside decode rows");
+    const glmrt_attention_setup wide = {64, 2, 16, 8, 400, 1};
+    glmrt_check_merge_round(report, rng, &wide, {{600, 1, 0}, {90, 1, 0}, {1200, 1, 0}}, 0, 0,
+                            "head_dim 64 group 16");
+    const glmrt_attention_setup small = {32, 2, 2, 16, 128, 1};
+    glmrt_check_merge_round(report, rng, &small, {{600, 1, 0}, {5, 1, 0}}, 0, 0, "head_dim 32 group 2");
+}
+
 int main(int argc, char **argv)
 {
     const int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
@@ -767,6 +890,7 @@ int main(int argc, char **argv)
     const glmrt_cuda_split_policy single_policy = {GLMRT_ATTENTION_KEYS_PER_SPLIT, GLMRT_ATTENTION_MAX_SPLITS, 1};
     std::vector<glmrt_fake_seq> single_seqs = {{0, 40, 0}, {300, 1, 0}, {520, 150, 0}};
     glmrt_check_attention(&report, &rng, &single, &single_policy, single_seqs, "head_dim 128 group 1");
+    glmrt_check_merge_rounds(&report, &rng);
     if (!quick) glmrt_check_long_contexts(&report, &rng);
     glmrt_attention_setup glm_splits = {128, 2, 12, 16, 256, 1};
     glmrt_check_small_splits(&report, &rng, &glm_splits, "head_dim 128 group 12, splits of 64 to 512 keys");

@@ -1,9 +1,7 @@
 #include "activation_quant.cuh"
-#include "cluster_ops.cuh"
 #include "cuda_check.cuh"
 #include "dependent_launch.cuh"
 
-#define GLMRT_ACTIVATION_THREADS 256
 #define GLMRT_ACTIVATION_CACHED 12
 #define GLMRT_QUANTIZE_THREADS 512
 #define GLMRT_QUANTIZE_CACHED 6
@@ -14,9 +12,6 @@
 #define GLMRT_ROW_TEAMS 8
 #define GLMRT_ROW_VECTORS 3
 #define GLMRT_ROW_COLS (GLMRT_ROW_THREADS * 4 * GLMRT_ROW_VECTORS)
-#define GLMRT_CLUSTER_BLOCKS 8
-#define GLMRT_CLUSTER_VECTORS 4
-#define GLMRT_CLUSTER_BLOCK_COLS (GLMRT_ACTIVATION_THREADS * 4 * GLMRT_CLUSTER_VECTORS)
 
 template <int OP>
 __device__ __forceinline__ float4 glmrt_activation_values(const float *row, int32_t cols, int32_t col)
@@ -185,17 +180,7 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
     float4 cached[GLMRT_CLUSTER_VECTORS];
     const float amax = glmrt_activation_load<OP, GLMRT_CLUSTER_VECTORS>(cached, row, cols, hi, first, stride);
-    const float block_max = glmrt_activation_block_max(amax, warp_max);
-    if (threadIdx.x == 0) {
-        slice_max = block_max;
-    }
-    glmrt_cluster_sync();
-    float row_max = 0.0f;
-    for (uint32_t b = 0; b < gridDim.x; ++b) {
-        row_max = fmaxf(row_max, glmrt_cluster_load(&slice_max, b));
-    }
-    glmrt_cluster_sync();
-    const float scale = glmrt_activation_scale(row_max);
+    const float scale = glmrt_activation_cluster_scale(amax, warp_max, &slice_max);
 #pragma unroll
     for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
         const int32_t c = first + k * stride;
@@ -256,13 +241,11 @@ static glmrt_status glmrt_activation_launch_teams(const glmrt_cuda_activation_ar
 }
 
 template <int OP>
-static glmrt_status glmrt_activation_launch_cluster(const glmrt_cuda_activation_args *a, cudaStream_t stream,
-                                                    glmrt_error *error)
+static glmrt_status glmrt_activation_launch_cluster(const glmrt_cuda_activation_args *a, int32_t blocks,
+                                                    cudaStream_t stream, glmrt_error *error)
 {
     const glmrt_cuda_qgemm_operand *o = a->out;
-    int32_t blocks = glmrt_ceil_div(o->cols, GLMRT_ACTIVATION_THREADS * 4);
-    blocks = blocks < GLMRT_CLUSTER_BLOCKS ? blocks : GLMRT_CLUSTER_BLOCKS;
-    const int32_t slice_cols = glmrt_ceil_div(glmrt_ceil_div(o->cols, blocks), 4) * 4;
+    const int32_t slice_cols = glmrt_cuda_activation_cluster_slice_cols(o->cols, blocks);
     dim3 grid((unsigned)blocks, (unsigned)a->num_rows);
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config = glmrt_dependent_cluster_config(&dependent, grid, GLMRT_ACTIVATION_THREADS, 0,
@@ -281,6 +264,29 @@ static int32_t glmrt_activation_slice_cols(int32_t rows, int32_t cols, int32_t s
     return glmrt_ceil_div(glmrt_ceil_div(cols, slices), 4) * 4;
 }
 
+static int glmrt_activation_rows_by_teams(int32_t num_rows, int32_t cols, int32_t sms)
+{
+    return cols <= GLMRT_ROW_COLS && num_rows >= 2 * sms;
+}
+
+int32_t glmrt_cuda_activation_cluster_blocks(int32_t num_rows, int32_t cols, int32_t kind, int32_t sms)
+{
+    if (glmrt_activation_rows_by_teams(num_rows, cols, sms)) {
+        return 0;
+    }
+    const int32_t slices = glmrt_ceil_div(cols, glmrt_activation_slice_cols(num_rows, cols, sms));
+    if (kind != GLMRT_OPERAND_FP8 || slices <= 1 || cols > GLMRT_CLUSTER_BLOCKS * GLMRT_CLUSTER_BLOCK_COLS) {
+        return 0;
+    }
+    const int32_t blocks = glmrt_ceil_div(cols, GLMRT_ACTIVATION_THREADS * 4);
+    return blocks < GLMRT_CLUSTER_BLOCKS ? blocks : GLMRT_CLUSTER_BLOCKS;
+}
+
+int32_t glmrt_cuda_activation_cluster_slice_cols(int32_t cols, int32_t blocks)
+{
+    return glmrt_ceil_div(glmrt_ceil_div(cols, blocks), 4) * 4;
+}
+
 template <int OP>
 static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a, cudaStream_t stream,
                                             glmrt_error *error)
@@ -288,20 +294,20 @@ static glmrt_status glmrt_activation_launch(const glmrt_cuda_activation_args *a,
     const glmrt_cuda_qgemm_operand *o = a->out;
     int32_t sms = 0;
     GLMRT_TRY(glmrt_cuda_current_sms(&sms, error));
-    if (o->cols <= GLMRT_ROW_COLS && a->num_rows >= 2 * sms) {
+    if (glmrt_activation_rows_by_teams(a->num_rows, o->cols, sms)) {
         if (a->num_rows <= GLMRT_ROW_TEAMS * sms) {
             return glmrt_activation_launch_teams<OP>(a, sms, stream, error);
         }
         return glmrt_activation_launch_blocks<OP, GLMRT_ROW_THREADS, GLMRT_ROW_VECTORS, GLMRT_ROW_BLOCKS_PER_SM>(
             a, o->cols, stream, error);
     }
-    const int32_t slice_cols = glmrt_activation_slice_cols(a->num_rows, o->cols, sms);
-    const int32_t slices = glmrt_ceil_div(o->cols, slice_cols);
-    if (o->kind == GLMRT_OPERAND_FP8 && slices > 1 && o->cols <= GLMRT_CLUSTER_BLOCKS * GLMRT_CLUSTER_BLOCK_COLS) {
-        return glmrt_activation_launch_cluster<OP>(a, stream, error);
+    const int32_t blocks = glmrt_cuda_activation_cluster_blocks(a->num_rows, o->cols, o->kind, sms);
+    if (blocks > 0) {
+        return glmrt_activation_launch_cluster<OP>(a, blocks, stream, error);
     }
     return glmrt_activation_launch_blocks<OP, GLMRT_QUANTIZE_THREADS, GLMRT_QUANTIZE_CACHED,
-                                          GLMRT_QUANTIZE_BLOCKS_PER_SM>(a, slice_cols, stream, error);
+                                          GLMRT_QUANTIZE_BLOCKS_PER_SM>(
+        a, glmrt_activation_slice_cols(a->num_rows, o->cols, sms), stream, error);
 }
 
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,

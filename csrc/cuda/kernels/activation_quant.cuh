@@ -3,12 +3,18 @@
 
 #include <cuda_runtime.h>
 
+#include "cluster_ops.cuh"
 #include "device_math.cuh"
 #include "qgemm.cuh"
 
 extern "C" {
 #include "fp8.h"
 }
+
+#define GLMRT_ACTIVATION_THREADS 256
+#define GLMRT_CLUSTER_BLOCKS 8
+#define GLMRT_CLUSTER_VECTORS 4
+#define GLMRT_CLUSTER_BLOCK_COLS (GLMRT_ACTIVATION_THREADS * 4 * GLMRT_CLUSTER_VECTORS)
 
 enum glmrt_cuda_activation_op {
     GLMRT_ACTIVATION_COPY = 0,
@@ -44,6 +50,21 @@ __device__ __forceinline__ float glmrt_activation_scale(float amax)
     return amax > 0.0f ? __fdiv_rn(amax, GLMRT_FP8_E4M3_MAX) : 1.0f;
 }
 
+__device__ __forceinline__ float glmrt_activation_cluster_scale(float amax, float *warp_max, float *slice_max)
+{
+    const float block_max = glmrt_activation_block_max(amax, warp_max);
+    if (threadIdx.x == 0) {
+        *slice_max = block_max;
+    }
+    glmrt_cluster_sync();
+    float row_max = 0.0f;
+    for (uint32_t b = 0; b < gridDim.x; ++b) {
+        row_max = fmaxf(row_max, glmrt_cluster_load(slice_max, b));
+    }
+    glmrt_cluster_sync();
+    return glmrt_activation_scale(row_max);
+}
+
 __device__ __forceinline__ float glmrt_abs_max4(float4 v, float amax)
 {
     return fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
@@ -77,6 +98,8 @@ __device__ __forceinline__ void glmrt_operand_store4(uint8_t *data, int32_t cols
 
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,
                                             glmrt_error *error);
+int32_t glmrt_cuda_activation_cluster_blocks(int32_t num_rows, int32_t cols, int32_t kind, int32_t sms);
+int32_t glmrt_cuda_activation_cluster_slice_cols(int32_t cols, int32_t blocks);
 
 typedef struct glmrt_cuda_operand_gather_args {
     const glmrt_cuda_qgemm_operand *source;

@@ -1,6 +1,7 @@
 #include <string.h>
 
 #include "activation_quant.cuh"
+#include "attention_round.cuh"
 #include "cuda_check.cuh"
 #include "dependent_launch.cuh"
 #include "device_math.cuh"
@@ -305,7 +306,7 @@ static glmrt_status glmrt_step_dense_normed(const glmrt_step_context *step, cons
                                     step->state->dims.hidden, y, y_stride, step->counts->num_tokens, bias, 0);
 }
 
-static glmrt_status glmrt_step_merge(const glmrt_step_context *step)
+static glmrt_cuda_attention_merge_args glmrt_step_merge_args(const glmrt_step_context *step)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
@@ -321,7 +322,35 @@ static glmrt_status glmrt_step_merge(const glmrt_step_context *step)
     merge.partial_stats = st->ws.partial_stats;
     merge.out = st->ws.attn;
     merge.out_stride = d->q_width;
-    return glmrt_cuda_attention_merge_run(&merge, step->stream, step->error);
+    return merge;
+}
+
+static int glmrt_step_merge_rounds(const glmrt_step_context *step, const glmrt_cuda_matrix *o_proj)
+{
+    if (o_proj->qgemm == nullptr) {
+        return 0;
+    }
+    const glmrt_cuda_attention_merge_args merge = glmrt_step_merge_args(step);
+    return glmrt_cuda_attention_merge_round_blocks(&merge, step->counts->num_tokens,
+                                                   glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
+                                                   step->state->num_sms) > 0;
+}
+
+static glmrt_status glmrt_step_merge_and_round(const glmrt_step_context *step, const glmrt_cuda_layer *layer)
+{
+    glmrt_cuda_state *st = step->state;
+    const glmrt_cuda_dims *d = &st->dims;
+    const int32_t t = step->counts->num_tokens;
+    const glmrt_cuda_attention_merge_args merge = glmrt_step_merge_args(step);
+    if (glmrt_step_merge_rounds(step, &layer->o_proj)) {
+        GLMRT_TRY(glmrt_cuda_attention_merge_round(&merge, t, glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
+                                                   st->num_sms, step->stream, step->error));
+        return glmrt_step_dense_rounded(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, st->ws.attn, d->q_width,
+                                        glmrt_step_sum_target(step), d->hidden, t, nullptr, st->owns_residual);
+    }
+    GLMRT_TRY(glmrt_cuda_attention_merge_run(&merge, step->stream, step->error));
+    return glmrt_step_dense(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, st->ws.attn, d->q_width,
+                            glmrt_step_sum_target(step), d->hidden, t, nullptr, st->owns_residual);
 }
 
 static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t index)
@@ -383,9 +412,7 @@ static glmrt_status glmrt_layer_attention(glmrt_step_context *step, int32_t inde
     attention.device_num_items = nullptr;
     attention.max_grid_items = 0;
     GLMRT_TRY(glmrt_cuda_attention_run(&attention, st->capacity.prefill_tokens_per_item, step->stream, step->error));
-    GLMRT_TRY(glmrt_step_merge(step));
-    GLMRT_TRY(glmrt_step_dense(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, ws->attn, d->q_width,
-                               glmrt_step_sum_target(step), d->hidden, t, nullptr, st->owns_residual));
+    GLMRT_TRY(glmrt_step_merge_and_round(step, layer));
     return glmrt_step_reduce(step, t);
 }
 
