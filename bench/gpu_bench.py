@@ -28,6 +28,11 @@ def parse_args(argv):
     parser.add_argument("--context", type=int, default=1024, help="prompt tokens of every request")
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--warmup-seconds", type=float, default=0.25,
+                        help="each batch warms up for at least this long too, so its timed steps do not run under the "
+                             "software power cap the prefill leaves behind (docs/PERF.md)")
+    parser.add_argument("--max-warmup-steps", type=int, default=200,
+                        help="most warm-up steps a batch takes; the KV pool is sized for them")
     parser.add_argument("--max-tokens-per-step", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-devices", type=int, default=1,
@@ -175,9 +180,18 @@ def fill_contexts(engine, requests):
     return computed_tokens(requests) - before, seconds
 
 
+def warm_up(step, warmup):
+    steps, seconds, most = warmup
+    start = time.perf_counter()
+    taken = 0
+    while taken < steps or (taken < most and time.perf_counter() - start < seconds):
+        step()
+        taken += 1
+    return taken
+
+
 def time_decode(engine, requests, warmup, steps):
-    for _ in range(warmup):
-        engine.step(requests)
+    warm_up(lambda: engine.step(requests), warmup)
     device_ns_before = device_forward_ns(engine)
     times = []
     for _ in range(steps):
@@ -190,8 +204,7 @@ def time_decode(engine, requests, warmup, steps):
 
 def time_relaunched(engine, requests, warmup, steps):
     engine.launch(requests)
-    for _ in range(warmup):
-        engine.complete_and_relaunch()
+    warm_up(engine.complete_and_relaunch, warmup)
     device_ns_before = device_forward_ns(engine)
     times = []
     last = time.perf_counter()
@@ -205,10 +218,27 @@ def time_relaunched(engine, requests, warmup, steps):
     return float(np.median(times)), host_fraction(sum(times), device_ns_before, device_ns_after)
 
 
+def warmup_plan(args):
+    return args.warmup_steps, args.warmup_seconds, max(args.warmup_steps, args.max_warmup_steps)
+
+
+def kv_pool_pages(args, batches):
+    steps_a_batch = 2 * (warmup_plan(args)[2] + args.decode_steps + 1)
+    pages = 16
+    for index in range(max(batches)):
+        grown = steps_a_batch * sum(1 for batch in batches if batch > index) + 4
+        pages += math.ceil((args.context + grown + 1) / PAGE_SIZE)
+    return pages
+
+
+def mean_context(requests):
+    return sum(request.info().num_tokens for request in requests) / len(requests)
+
+
 def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate, fp8_sustained):
     largest = max(batches)
-    new_tokens = 2 * len(batches) * (args.warmup_steps + args.decode_steps + 1) + 4
-    pages = largest * math.ceil((args.context + new_tokens + 1) / PAGE_SIZE) + 16
+    new_tokens = 2 * len(batches) * (warmup_plan(args)[2] + args.decode_steps + 1) + 4
+    pages = kv_pool_pages(args, batches)
     engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True,
                     random_seed=args.seed, max_batch=largest,
                     max_tokens_per_step=max(args.max_tokens_per_step, largest), kv_page_size=PAGE_SIZE,
@@ -234,12 +264,12 @@ def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate, fp8_sustaine
           f"{flops_per_s / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
     for batch in batches:
-        seconds, host = time_decode(engine, requests[:batch], args.warmup_steps, args.decode_steps)
-        relaunched, relaunched_host = time_relaunched(engine, requests[:batch], args.warmup_steps, args.decode_steps)
-        context = requests[0].info().num_tokens
+        seconds, host = time_decode(engine, requests[:batch], warmup_plan(args), args.decode_steps)
+        relaunched, relaunched_host = time_relaunched(engine, requests[:batch], warmup_plan(args), args.decode_steps)
+        context = mean_context(requests[:batch])
         weight_bytes, kv_bytes = decode_step_bytes(config, batch, context)
         floor = (weight_bytes + kv_bytes) / (bandwidth * args.num_devices)
-        rows.append(dict(batch=batch, context=context, step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
+        rows.append(dict(batch=batch, context=round(context), step_ms=seconds * 1e3, tokens_per_s=batch / seconds,
                          weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9, floor_ms=floor * 1e3,
                          roofline_fraction=floor / seconds, host_fraction=host, relaunched_ms=relaunched * 1e3,
                          relaunched_roofline_fraction=floor / relaunched, relaunched_host_fraction=relaunched_host))

@@ -1,8 +1,11 @@
+import time
+
 import pytest
 
 from argparse import Namespace
 
-from bench.gpu_bench import decode_step_bytes, fill_contexts, write_model_dir
+from bench.gpu_bench import (decode_step_bytes, fill_contexts, kv_pool_pages, mean_context, parse_args, warm_up,
+                              write_model_dir)
 from bench.mixed_step_bench import chunk_sizes, measure, prompt_parts
 from bench.serve_ceiling import SERVER_COUNTERS
 from bench.serve_glm import decode_roofline, load_window_seconds, server_summary
@@ -21,6 +24,31 @@ def test_gpu_bench_prefill_counts_every_prompt_token_across_chunked_steps():
         assert seconds > 0
         assert [r.info().num_computed_tokens for r in requests] == lengths
         assert all(r.info().num_generated_tokens == 1 for r in requests)
+
+
+def test_gpu_bench_warm_up_takes_its_steps_then_its_seconds_but_never_more_than_its_most():
+    calls = []
+    assert warm_up(lambda: calls.append(1), (3, 0.0, 10)) == 3
+    assert len(calls) == 3
+    assert warm_up(lambda: calls.append(1), (3, 60.0, 7)) == 7
+    assert warm_up(lambda: time.sleep(0.01), (1, 0.08, 1000)) >= 5
+
+
+def test_gpu_bench_kv_pool_holds_every_request_grown_by_the_batches_it_joins():
+    args = parse_args(["--context", "20", "--decode-steps", "2", "--warmup-steps", "1", "--max-warmup-steps", "4"])
+    steps_a_batch = 2 * (4 + 2 + 1)
+    first = -(-(20 + 2 * steps_a_batch + 4 + 1) // 16)
+    others = -(-(20 + steps_a_batch + 4 + 1) // 16)
+    assert kv_pool_pages(args, [1, 3]) == 16 + first + 2 * others
+
+
+def test_gpu_bench_mean_context_is_over_the_batch_rows():
+    with open_engine(build_test_model("bf16"), max_tokens_per_step=64) as engine:
+        params = SamplingParams(temperature=0.0, max_new_tokens=4, ignore_eos=True)
+        requests = [engine.create_request([(3 * i + n) % 200 + 1 for i in range(n)], params) for n in (6, 10, 17)]
+        fill_contexts(engine, requests)
+        assert mean_context(requests) == pytest.approx((6 + 10 + 17) / 3 + 1)
+        assert mean_context(requests[:1]) == 7
 
 
 def test_mixed_step_bench_adds_whole_prompts_beside_the_decode_rows_and_gives_their_pages_back():
