@@ -181,16 +181,7 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     float4 cached[GLMRT_CLUSTER_VECTORS];
     const float amax = glmrt_activation_load<OP, GLMRT_CLUSTER_VECTORS>(cached, row, cols, hi, first, stride);
     const float scale = glmrt_activation_cluster_scale(amax, warp_max, &slice_max);
-#pragma unroll
-    for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
-        const int32_t c = first + k * stride;
-        if (c < hi) {
-            glmrt_operand_store4<KIND>(out, cols, r, c / 4, cached[k], scale);
-        }
-    }
-    if (threadIdx.x == 0 && blockIdx.x == 0) {
-        out_scales[r] = scale;
-    }
+    glmrt_activation_cluster_store<KIND>(out, out_scales, cols, r, cached, first, hi, scale);
 #endif
 }
 

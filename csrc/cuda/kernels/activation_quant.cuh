@@ -96,6 +96,23 @@ __device__ __forceinline__ void glmrt_operand_store4(uint8_t *data, int32_t cols
     }
 }
 
+template <int KIND>
+__device__ __forceinline__ void glmrt_activation_cluster_store(uint8_t *out, float *out_scales, int32_t cols,
+                                                               int32_t row, const float4 *cached, int32_t first,
+                                                               int32_t hi, float scale)
+{
+#pragma unroll
+    for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
+        const int32_t c = first + k * GLMRT_ACTIVATION_THREADS * 4;
+        if (c < hi) {
+            glmrt_operand_store4<KIND>(out, cols, row, c / 4, cached[k], scale);
+        }
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        out_scales[row] = scale;
+    }
+}
+
 glmrt_status glmrt_cuda_activation_quantize(const glmrt_cuda_activation_args *args, cudaStream_t stream,
                                             glmrt_error *error);
 int32_t glmrt_cuda_activation_cluster_blocks(int32_t num_rows, int32_t cols, int32_t kind, int32_t sms);

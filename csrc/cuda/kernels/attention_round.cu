@@ -60,16 +60,7 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
         amax = glmrt_abs_max4(cached[k], amax);
     }
     const float scale = glmrt_activation_cluster_scale(amax, warp_max, &slice_max);
-#pragma unroll
-    for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
-        const int32_t c = first + k * stride;
-        if (c < hi) {
-            glmrt_operand_store4<GLMRT_OPERAND_FP8>(out, cols, row, c / 4, cached[k], scale);
-        }
-    }
-    if (threadIdx.x == 0 && blockIdx.x == 0) {
-        out_scales[row] = scale;
-    }
+    glmrt_activation_cluster_store<GLMRT_OPERAND_FP8>(out, out_scales, cols, row, cached, first, hi, scale);
 #endif
 }
 
