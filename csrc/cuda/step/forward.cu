@@ -325,26 +325,15 @@ static glmrt_cuda_attention_merge_args glmrt_step_merge_args(const glmrt_step_co
     return merge;
 }
 
-static int glmrt_step_merge_rounds(const glmrt_step_context *step, const glmrt_cuda_matrix *o_proj)
-{
-    if (o_proj->qgemm == nullptr) {
-        return 0;
-    }
-    const glmrt_cuda_attention_merge_args merge = glmrt_step_merge_args(step);
-    return glmrt_cuda_attention_merge_round_blocks(&merge, step->counts->num_tokens,
-                                                   glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
-                                                   step->state->num_sms) > 0;
-}
-
 static glmrt_status glmrt_step_merge_and_round(const glmrt_step_context *step, const glmrt_cuda_layer *layer)
 {
     glmrt_cuda_state *st = step->state;
     const glmrt_cuda_dims *d = &st->dims;
     const int32_t t = step->counts->num_tokens;
     const glmrt_cuda_attention_merge_args merge = glmrt_step_merge_args(step);
-    if (glmrt_step_merge_rounds(step, &layer->o_proj)) {
-        GLMRT_TRY(glmrt_cuda_attention_merge_round(&merge, t, glmrt_step_operand(step, &glmrt_cuda_matmuls::attention),
-                                                   st->num_sms, step->stream, step->error));
+    const glmrt_cuda_qgemm_operand *rounded = glmrt_step_operand(step, &glmrt_cuda_matmuls::attention);
+    if (layer->o_proj.qgemm != nullptr && glmrt_cuda_attention_merge_round_blocks(&merge, t, rounded, st->num_sms) > 0) {
+        GLMRT_TRY(glmrt_cuda_attention_merge_round(&merge, t, rounded, st->num_sms, step->stream, step->error));
         return glmrt_step_dense_rounded(step, &layer->o_proj, &glmrt_cuda_matmuls::attention, st->ws.attn, d->q_width,
                                         glmrt_step_sum_target(step), d->hidden, t, nullptr, st->owns_residual);
     }
