@@ -222,11 +222,14 @@ def warmup_plan(args):
     return args.warmup_steps, args.warmup_seconds, max(args.warmup_steps, args.max_warmup_steps)
 
 
+def steps_a_batch(args):
+    return 2 * (warmup_plan(args)[2] + args.decode_steps + 1)
+
+
 def kv_pool_pages(args, batches):
-    steps_a_batch = 2 * (warmup_plan(args)[2] + args.decode_steps + 1)
     pages = 16
     for index in range(max(batches)):
-        grown = steps_a_batch * sum(1 for batch in batches if batch > index) + 4
+        grown = steps_a_batch(args) * sum(1 for batch in batches if batch > index) + 4
         pages += math.ceil((args.context + grown + 1) / PAGE_SIZE)
     return pages
 
@@ -237,7 +240,7 @@ def mean_context(requests):
 
 def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate, fp8_sustained):
     largest = max(batches)
-    new_tokens = 2 * len(batches) * (warmup_plan(args)[2] + args.decode_steps + 1) + 4
+    new_tokens = steps_a_batch(args) * len(batches) + 4
     pages = kv_pool_pages(args, batches)
     engine = Engine(model_dir, backend="cuda", num_devices=args.num_devices, random_weights=True,
                     random_seed=args.seed, max_batch=largest,

@@ -64,17 +64,20 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
 #endif
 }
 
+static int32_t glmrt_merge_round_cols(const glmrt_cuda_attention_merge_args *merge)
+{
+    return merge->num_kv_heads * merge->group * merge->head_dim;
+}
+
 int32_t glmrt_cuda_attention_merge_round_blocks(const glmrt_cuda_attention_merge_args *merge, int32_t num_rows,
                                                 const glmrt_cuda_qgemm_operand *rounded, int32_t sms)
 {
-    const int32_t cols = merge->num_kv_heads * merge->group * merge->head_dim;
+    const int32_t cols = glmrt_merge_round_cols(merge);
     if (rounded == nullptr || rounded->cols != cols || merge->head_dim % 4 != 0 || merge->out_stride % 4 != 0 ||
         num_rows < 1 || num_rows > rounded->capacity_rows) {
         return 0;
     }
-    const int32_t blocks = glmrt_cuda_activation_cluster_blocks(num_rows, cols, rounded->kind, sms);
-    const int32_t slice_cols = blocks > 0 ? glmrt_cuda_activation_cluster_slice_cols(cols, blocks) : 0;
-    return blocks > 0 && slice_cols <= GLMRT_CLUSTER_BLOCK_COLS ? blocks : 0;
+    return glmrt_cuda_activation_cluster_blocks(num_rows, cols, rounded->kind, sms);
 }
 
 glmrt_status glmrt_cuda_attention_merge_round(const glmrt_cuda_attention_merge_args *merge, int32_t num_rows,
@@ -87,7 +90,7 @@ glmrt_status glmrt_cuda_attention_merge_round(const glmrt_cuda_attention_merge_a
                                "the merge and rounding of %d rows of %d heads of %d cannot run in one cluster kernel",
                                num_rows, merge->num_kv_heads * merge->group, merge->head_dim);
     }
-    const int32_t cols = merge->num_kv_heads * merge->group * merge->head_dim;
+    const int32_t cols = glmrt_merge_round_cols(merge);
     dim3 grid((unsigned)blocks, (unsigned)num_rows);
     glmrt_dependent_launch dependent;
     const cudaLaunchConfig_t *config =
