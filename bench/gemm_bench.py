@@ -24,6 +24,9 @@ def parse_args(argv):
                              "one scale an output row")
     parser.add_argument("--gpus", type=int, choices=(1, 2, 4), default=1,
                         help="time one GPU's share of each matrix when the model is split over this many GPUs")
+    parser.add_argument("--ungated", action="store_true",
+                        help="time the gate-up products writing both halves in FP32, instead of SiLU(gate) x up in "
+                             "their epilogue as a step runs them")
     parser.add_argument("--json", help="write every measurement to this file")
     return parser.parse_args(argv)
 
@@ -92,8 +95,9 @@ def fp8_sustained_rate(torch, seconds=SUSTAINED_SECONDS, batch=SUSTAINED_BATCH):
     return 2.0 * FP8_CUBE ** 3 * count / (start.elapsed_time(stop) * 1e-3)
 
 
-def run_binary(path, with_high, block_scales, gpus):
+def run_binary(path, with_high, block_scales, gpus, gated):
     command = [path] + (["--with-high"] if with_high else []) + (["--block-scales"] if block_scales else [])
+    command += ["--gated"] if gated else []
     command += ["--gpus", str(gpus)]
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
@@ -134,10 +138,11 @@ def main(argv):
     bandwidth = copy_bandwidth(torch)
     fp8_rate = fp8_dense_rate(torch)
     torch.cuda.empty_cache()
-    records, failure = run_binary(args.binary, not args.no_high, args.block_scales, args.gpus)
+    records, failure = run_binary(args.binary, not args.no_high, args.block_scales, args.gpus, not args.ungated)
     device = next((r for r in records if r.get("kind") == "device"), {})
     print(f"device: {torch.cuda.get_device_name()}, {device.get('num_sms', 0)} SMs, FP8 weight scales: "
-          f"{device.get('scales', 'unknown')}")
+          f"{device.get('scales', 'unknown')}; gate-up epilogue: "
+          f"{'both halves in FP32' if args.ungated else 'SiLU(gate) x up, as a step runs it'}")
     print(f"copy bandwidth (torch copy_, bytes read + written): {bandwidth * 1e-12:.2f} TB/s; "
           f"cudaMemcpy in the binary: {device.get('copy_bytes_per_second', 0.0) * 1e-12:.2f} TB/s")
     print(f"FP8 dense rate (torch._scaled_mm {FP8_CUBE}^3, row and column scales): {fp8_rate * 1e-12:.0f} TFLOP/s")
