@@ -95,10 +95,14 @@ def fp8_sustained_rate(torch, seconds=SUSTAINED_SECONDS, batch=SUSTAINED_BATCH):
     return 2.0 * FP8_CUBE ** 3 * count / (start.elapsed_time(stop) * 1e-3)
 
 
-def run_binary(path, with_high, block_scales, gpus, gated):
+def binary_command(path, with_high, block_scales, gpus, gated):
     command = [path] + (["--with-high"] if with_high else []) + (["--block-scales"] if block_scales else [])
     command += ["--gated"] if gated else []
-    command += ["--gpus", str(gpus)]
+    return command + ["--gpus", str(gpus)]
+
+
+def run_binary(path, with_high, block_scales, gpus, gated):
+    command = binary_command(path, with_high, block_scales, gpus, gated)
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
     failure = None

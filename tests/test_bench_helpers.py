@@ -4,6 +4,7 @@ import pytest
 
 from argparse import Namespace
 
+from bench.gemm_bench import binary_command, parse_args as gemm_parse_args
 from bench.gpu_bench import (decode_step_bytes, fill_contexts, kv_pool_pages, mean_context, parse_args, warm_up,
                               write_model_dir)
 from bench.mixed_step_bench import chunk_sizes, measure, prompt_parts
@@ -125,3 +126,13 @@ def test_timeline_report_charges_each_kernel_the_time_it_moves_its_gpus_frontier
     assert wall == pytest.approx(25.0)
     assert sum(charged.values()) + idle == pytest.approx(wall)
     assert launches["glmrt_qgemm_kernel"] == 1
+
+
+def test_gemm_bench_times_the_gate_up_products_gated_unless_asked_for_both_halves():
+    default = gemm_parse_args([])
+    assert not default.ungated
+    assert "--gated" in binary_command("gemm_bench", not default.no_high, default.block_scales, default.gpus,
+                                       not default.ungated)
+    ungated = gemm_parse_args(["--ungated", "--no-high", "--block-scales", "--gpus", "4"])
+    command = binary_command("gemm_bench", not ungated.no_high, ungated.block_scales, ungated.gpus, not ungated.ungated)
+    assert command == ["gemm_bench", "--block-scales", "--gpus", "4"]
