@@ -228,8 +228,9 @@ def steps_a_batch(args):
 
 def kv_pool_pages(args, batches):
     pages = 16
+    steps = steps_a_batch(args)
     for index in range(max(batches)):
-        grown = steps_a_batch(args) * sum(1 for batch in batches if batch > index) + 4
+        grown = steps * sum(1 for batch in batches if batch > index) + 4
         pages += math.ceil((args.context + grown + 1) / PAGE_SIZE)
     return pages
 
@@ -266,9 +267,10 @@ def run_ours(args, model_dir, config, batches, bandwidth, fp8_rate, fp8_sustaine
     print(f"glmrt prefill {prefill_tokens} tokens in {prefill_seconds:.2f} s, "
           f"{flops_per_s / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
+    warmup = warmup_plan(args)
     for batch in batches:
-        seconds, host = time_decode(engine, requests[:batch], warmup_plan(args), args.decode_steps)
-        relaunched, relaunched_host = time_relaunched(engine, requests[:batch], warmup_plan(args), args.decode_steps)
+        seconds, host = time_decode(engine, requests[:batch], warmup, args.decode_steps)
+        relaunched, relaunched_host = time_relaunched(engine, requests[:batch], warmup, args.decode_steps)
         context = mean_context(requests[:batch])
         weight_bytes, kv_bytes = decode_step_bytes(config, batch, context)
         floor = (weight_bytes + kv_bytes) / (bandwidth * args.num_devices)

@@ -177,9 +177,9 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     const int32_t lo = (int32_t)blockIdx.x * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
     const int32_t first = lo + (int32_t)threadIdx.x * 4;
-    const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
     float4 cached[GLMRT_CLUSTER_VECTORS];
-    const float amax = glmrt_activation_load<OP, GLMRT_CLUSTER_VECTORS>(cached, row, cols, hi, first, stride);
+    const float amax =
+        glmrt_activation_load<OP, GLMRT_CLUSTER_VECTORS>(cached, row, cols, hi, first, GLMRT_CLUSTER_VECTOR_STRIDE);
     const float scale = glmrt_activation_cluster_scale(amax, warp_max, &slice_max);
     glmrt_activation_cluster_store<KIND>(out, out_scales, cols, r, cached, first, hi, scale);
 #endif

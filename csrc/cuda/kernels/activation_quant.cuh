@@ -14,7 +14,8 @@ extern "C" {
 #define GLMRT_ACTIVATION_THREADS 256
 #define GLMRT_CLUSTER_BLOCKS 8
 #define GLMRT_CLUSTER_VECTORS 4
-#define GLMRT_CLUSTER_BLOCK_COLS (GLMRT_ACTIVATION_THREADS * 4 * GLMRT_CLUSTER_VECTORS)
+#define GLMRT_CLUSTER_VECTOR_STRIDE (GLMRT_ACTIVATION_THREADS * 4)
+#define GLMRT_CLUSTER_BLOCK_COLS (GLMRT_CLUSTER_VECTOR_STRIDE * GLMRT_CLUSTER_VECTORS)
 
 enum glmrt_cuda_activation_op {
     GLMRT_ACTIVATION_COPY = 0,
@@ -103,7 +104,7 @@ __device__ __forceinline__ void glmrt_activation_cluster_store(uint8_t *out, flo
 {
 #pragma unroll
     for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
-        const int32_t c = first + k * GLMRT_ACTIVATION_THREADS * 4;
+        const int32_t c = first + k * GLMRT_CLUSTER_VECTOR_STRIDE;
         if (c < hi) {
             glmrt_operand_store4<KIND>(out, cols, row, c / 4, cached[k], scale);
         }

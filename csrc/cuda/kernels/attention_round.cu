@@ -50,12 +50,11 @@ __global__ void __launch_bounds__(GLMRT_ACTIVATION_THREADS)
     const int32_t lo = (int32_t)blockIdx.x * slice_cols;
     const int32_t hi = min(cols, lo + slice_cols);
     const int32_t first = lo + (int32_t)threadIdx.x * 4;
-    const int32_t stride = GLMRT_ACTIVATION_THREADS * 4;
     float4 cached[GLMRT_CLUSTER_VECTORS];
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < GLMRT_CLUSTER_VECTORS; ++k) {
-        const int32_t c = first + k * stride;
+        const int32_t c = first + k * GLMRT_CLUSTER_VECTOR_STRIDE;
         cached[k] = c < hi ? glmrt_merge_round_values(merge, merge_index, row, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         amax = glmrt_abs_max4(cached[k], amax);
     }
