@@ -1,5 +1,7 @@
+import json
 import time
 
+import numpy as np
 import pytest
 
 from argparse import Namespace
@@ -7,6 +9,7 @@ from argparse import Namespace
 from bench.gemm_bench import binary_command, parse_args as gemm_parse_args
 from bench.gpu_bench import (decode_step_bytes, fill_contexts, kv_pool_pages, mean_context, parse_args, warm_up,
                               write_model_dir)
+from bench.layer_projection import full_model_moe_layers, line_fit, main as projection_main, project
 from bench.mixed_step_bench import chunk_sizes, measure, prompt_parts
 from bench.serve_ceiling import SERVER_COUNTERS
 from bench.serve_glm import decode_roofline, load_window_seconds, server_summary
@@ -136,3 +139,71 @@ def test_gemm_bench_times_the_gate_up_products_gated_unless_asked_for_both_halve
     ungated = gemm_parse_args(["--ungated", "--no-high", "--block-scales", "--gpus", "4"])
     command = binary_command("gemm_bench", not ungated.no_high, ungated.block_scales, ungated.gpus, not ungated.ungated)
     assert command == ["gemm_bench", "--block-scales", "--gpus", "4"]
+
+
+def gpu_bench_result(moe_layers, rows, num_devices=1):
+    decode = [dict(batch=batch, step_ms=step, relaunched_ms=relaunched, floor_ms=floor)
+              for batch, step, relaunched, floor in rows]
+    return dict(moe_layers=moe_layers, glmrt=dict(info=dict(num_devices=num_devices), decode=decode))
+
+
+def linear_rows(moe_layers):
+    return [(1, 0.8 + 0.14 * moe_layers, 0.75 + 0.135 * moe_layers, 0.5 + 0.1 * moe_layers),
+            (256, 2.4 + 1.5 * moe_layers, 2.3 + 1.48 * moe_layers, 1.9 + 1.2 * moe_layers)]
+
+
+def test_layer_projection_recovers_a_step_linear_in_its_moe_layers_and_projects_it():
+    full = full_model_moe_layers()
+    assert full == 89
+    projection = project([gpu_bench_result(4, linear_rows(4)), gpu_bench_result(16, linear_rows(16))], full)
+    one, wide = projection["batches"]
+    assert one["batch"] == 1 and wide["batch"] == 256
+    assert one["fits"]["step_ms"]["per_moe_layer_ms"] == pytest.approx(0.14)
+    assert one["fits"]["step_ms"]["rest_ms"] == pytest.approx(0.8)
+    assert one["step_ms"] == pytest.approx(0.8 + 0.14 * 89)
+    assert one["tokens_per_s"] == pytest.approx(1e3 / (0.8 + 0.14 * 89))
+    assert wide["relaunched_ms"] == pytest.approx(2.3 + 1.48 * 89)
+    assert wide["relaunched_tokens_per_s"] == pytest.approx(256e3 / (2.3 + 1.48 * 89))
+    assert wide["roofline_fraction"] == pytest.approx((1.9 + 1.2 * 89) / (2.4 + 1.5 * 89))
+
+
+def test_layer_projection_fits_more_than_two_layer_counts_by_least_squares():
+    rng = np.random.default_rng(3)
+    layers = [2, 4, 8, 16, 20]
+    steps = [1.1 + 0.3 * n + rng.normal(0, 0.05) for n in layers]
+    rest, slope = line_fit(list(zip(layers, steps)))
+    expected_slope, expected_rest = np.polyfit(layers, steps, 1)
+    assert slope == pytest.approx(expected_slope)
+    assert rest == pytest.approx(expected_rest)
+
+
+def test_layer_projection_refuses_results_it_cannot_fit(tmp_path):
+    with pytest.raises(ValueError, match="two different MoE layer counts"):
+        project([gpu_bench_result(4, linear_rows(4)), gpu_bench_result(4, linear_rows(4))], 89)
+    with pytest.raises(ValueError, match="different GPU counts"):
+        project([gpu_bench_result(4, linear_rows(4)), gpu_bench_result(16, linear_rows(16), num_devices=2)], 89)
+    with pytest.raises(ValueError, match="no batch"):
+        project([gpu_bench_result(4, linear_rows(4)[:1]), gpu_bench_result(16, linear_rows(16)[1:])], 89)
+    lacking = tmp_path / "lacking.json"
+    lacking.write_text(json.dumps(dict(moe_layers=4)))
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(gpu_bench_result(16, linear_rows(16))))
+    assert projection_main([str(lacking), str(whole)]) == 1
+    assert projection_main([str(whole), str(whole)]) == 1
+    assert projection_main([str(whole), "--moe-layers", "-1"]) == 2
+
+
+def test_layer_projection_writes_its_table_and_json(tmp_path, capsys):
+    paths = []
+    for layers in (4, 16):
+        path = tmp_path / f"gb{layers}.json"
+        path.write_text(json.dumps(gpu_bench_result(layers, linear_rows(layers))))
+        paths.append(str(path))
+    out = tmp_path / "projection.json"
+    assert projection_main(paths + ["--moe-layers", "40", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["moe_layers"] == 40 and written["measured_moe_layers"] == [4, 16]
+    assert written["batches"][0]["step_ms"] == pytest.approx(0.8 + 0.14 * 40)
+    table = capsys.readouterr().out
+    assert "projected to 40 MoE layers" in table
+    assert f"| 1 | 0.140 | 0.80 | {0.8 + 0.14 * 40:.1f} |" in table
