@@ -52,8 +52,6 @@ def decode_rows_by_batch(results):
 
 
 def project(results, moe_layers):
-    if len({result["moe_layers"] for result in results}) < 2:
-        raise ValueError("the results need at least two different MoE layer counts")
     devices = {result["glmrt"]["info"]["num_devices"] for result in results}
     if len(devices) != 1:
         raise ValueError(f"the results were taken over different GPU counts: {sorted(devices)}")
@@ -74,8 +72,8 @@ def project(results, moe_layers):
                                 relaunched_roofline_fraction=floor / relaunched))
     if not projections:
         raise ValueError("no batch was measured at two different MoE layer counts")
-    return dict(moe_layers=moe_layers, num_devices=devices.pop(), measured_moe_layers=sorted(
-        {result["moe_layers"] for result in results}), batches=projections)
+    return dict(moe_layers=moe_layers, num_devices=devices.pop(),
+                measured_moe_layers=sorted({result["moe_layers"] for result in results}), batches=projections)
 
 
 def print_projection(projection):
