@@ -3,6 +3,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -32,14 +34,10 @@ def full_model_moe_layers():
 
 
 def line_fit(points):
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    if spread == 0:
+    if len({x for x, _ in points}) < 2:
         raise ValueError("the results need at least two different MoE layer counts")
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
-    return mean_y - slope * mean_x, slope
+    slope, intercept = np.polyfit([x for x, _ in points], [y for _, y in points], 1)
+    return float(intercept), float(slope)
 
 
 def decode_rows_by_batch(results):
